@@ -1,0 +1,1 @@
+"""Datasets, federated partitions, label-noise models and reproducible scenes. Never imports Flower."""

@@ -1,0 +1,151 @@
+"""Federated partitioners: split a training set's indices among clients.
+
+Every partitioner returns one sorted int64 index array per client; together they are disjoint and
+cover every sample exactly once. Parameters are checked by ``PARTITIONERS.check`` before any work.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from data.errors import ConfigError
+from data.registry import Registry, check_int, check_number
+
+Partition = list[np.ndarray]
+
+# How many times `dirichlet` redraws before it declares alpha too small for the client count.
+_DIRICHLET_MAX_DRAWS = 1000
+
+
+def iid(labels: np.ndarray, num_clients: int, rng: np.random.Generator) -> Partition:
+    """Shuffle and deal out equal shares; the first ``n mod N`` clients get one sample more."""
+    order = rng.permutation(labels.shape[0])
+    return [np.sort(part) for part in np.array_split(order, num_clients)]
+
+
+def fedcorr_noniid(
+    labels: np.ndarray, num_clients: int, rng: np.random.Generator, *, p: float, alpha: float
+) -> Partition:
+    """FedCorr's non-IID partition (Sec. 3.1): Bernoulli(p) class ownership x Dirichlet(alpha) shares.
+
+    Each entry of the N x M indicator matrix is Bernoulli(p). A client that owns no class has its
+    row redrawn (rows are independent, so this samples exactly the row distribution conditioned on
+    being non-empty). A class owned by nobody is given to one client chosen uniformly, so every
+    sample has an owner. Within class j, each of its v_j owners first receives one sample and the
+    remaining n_j - v_j samples go to the owners by a multinomial draw with probabilities
+    q_j ~ Dir(alpha): every (client, owned class) pair is non-empty, hence no client is empty.
+    """
+    num_classes = int(labels.max()) + 1
+    owners = rng.random((num_clients, num_classes)) < p
+    for client in range(num_clients):
+        while not owners[client].any():
+            owners[client] = rng.random(num_classes) < p
+    for cls in np.flatnonzero(~owners.any(axis=0)):
+        owners[rng.integers(num_clients), cls] = True
+
+    parts: list[list[np.ndarray]] = [[] for _ in range(num_clients)]
+    for cls in range(num_classes):
+        members = rng.permutation(np.flatnonzero(labels == cls))
+        holders = np.flatnonzero(owners[:, cls])
+        if members.size < holders.size:
+            raise ConfigError(
+                f"partition=fedcorr_noniid: class {cls} has {members.size} samples but "
+                f"{holders.size} clients own it, so some client would get none of it; "
+                "use fewer clients or a smaller partition.p"
+            )
+        shares = rng.dirichlet(np.full(holders.size, alpha))
+        counts = 1 + rng.multinomial(members.size - holders.size, shares)
+        for holder, chunk in zip(holders, np.split(members, np.cumsum(counts)[:-1])):
+            parts[holder].append(chunk)
+    return [np.sort(np.concatenate(chunks)) for chunks in parts]
+
+
+def dirichlet(
+    labels: np.ndarray,
+    num_clients: int,
+    rng: np.random.Generator,
+    *,
+    alpha: float,
+    min_size: int,
+) -> Partition:
+    """Per-class Dirichlet(alpha) shares over all clients (Hsu et al. 2019).
+
+    The whole draw is repeated until every client holds at least ``min_size`` samples; a setting
+    that cannot reach it within a bounded number of draws is reported as a configuration error.
+    """
+    num_classes = int(labels.max()) + 1
+    by_class = [np.flatnonzero(labels == cls) for cls in range(num_classes)]
+    for _ in range(_DIRICHLET_MAX_DRAWS):
+        parts: list[list[np.ndarray]] = [[] for _ in range(num_clients)]
+        for members in by_class:
+            members = rng.permutation(members)
+            counts = rng.multinomial(members.size, rng.dirichlet(np.full(num_clients, alpha)))
+            for client, chunk in enumerate(np.split(members, np.cumsum(counts)[:-1])):
+                parts[client].append(chunk)
+        sizes = [sum(chunk.size for chunk in chunks) for chunks in parts]
+        if min(sizes) >= min_size:
+            return [np.sort(np.concatenate(chunks)) for chunks in parts]
+    raise ConfigError(
+        f"partition=dirichlet: no draw in {_DIRICHLET_MAX_DRAWS} gave every one of {num_clients} "
+        f"clients at least partition.min_size={min_size} samples with partition.alpha={alpha}; "
+        "raise alpha, lower min_size or use fewer clients"
+    )
+
+
+def shards(
+    labels: np.ndarray, num_clients: int, rng: np.random.Generator, *, shards_per_client: int
+) -> Partition:
+    """McMahan et al.'s shards: sort by label, cut into N*k equal shards, deal k at random to each client."""
+    num_shards = num_clients * shards_per_client
+    if num_shards > labels.shape[0]:
+        raise ConfigError(
+            f"partition=shards: {num_clients} clients x shards_per_client={shards_per_client} = "
+            f"{num_shards} shards exceeds the {labels.shape[0]} training samples"
+        )
+    # A random permutation before the stable sort shuffles samples within each class.
+    shuffled = rng.permutation(labels.shape[0])
+    by_label = shuffled[np.argsort(labels[shuffled], kind="stable")]
+    pieces = np.array_split(by_label, num_shards)
+    deal = rng.permutation(num_shards).reshape(num_clients, shards_per_client)
+    return [np.sort(np.concatenate([pieces[s] for s in row])) for row in deal]
+
+
+def _check_fedcorr_noniid(params: Mapping[str, Any]) -> None:
+    check_number("partition.p", params["p"], low=0.0, high=1.0, low_open=True)
+    check_number("partition.alpha", params["alpha"], low=0.0, low_open=True)
+
+
+def _check_dirichlet(params: Mapping[str, Any]) -> None:
+    check_number("partition.alpha", params["alpha"], low=0.0, low_open=True)
+    check_int("partition.min_size", params["min_size"], low=1)
+
+
+def _check_shards(params: Mapping[str, Any]) -> None:
+    check_int("partition.shards_per_client", params["shards_per_client"], low=1)
+
+
+PARTITIONERS = Registry("partition")
+PARTITIONERS.add("iid", iid)
+PARTITIONERS.add("fedcorr_noniid", fedcorr_noniid, ("p", "alpha"), _check_fedcorr_noniid)
+PARTITIONERS.add("dirichlet", dirichlet, ("alpha", "min_size"), _check_dirichlet)
+PARTITIONERS.add("shards", shards, ("shards_per_client",), _check_shards)
+
+
+def partition(
+    name: str,
+    labels: np.ndarray,
+    num_clients: int,
+    rng: np.random.Generator,
+    params: Mapping[str, Any],
+) -> Partition:
+    """Split sample indices 0..len(labels)-1 among ``num_clients`` clients with partitioner ``name``."""
+    PARTITIONERS.check(name, params)
+    if num_clients > labels.shape[0]:
+        raise ConfigError(
+            f"num_clients={num_clients} exceeds the {labels.shape[0]} training samples: "
+            "every client needs at least one sample"
+        )
+    return PARTITIONERS.call(name, labels, num_clients, rng, params=params)

@@ -1,0 +1,41 @@
+"""Human-readable summary of a scene: one row per client plus totals."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+if TYPE_CHECKING:
+    from data.scene import Scene
+
+
+def per_client_classes(scene: Scene) -> np.ndarray:
+    """Number of distinct classes each client holds (by true label where known, else the shipped one)."""
+    reference = scene.reference_labels()
+    num_classes = int(reference.max()) + 1 if reference.size else 0
+    present = np.zeros((scene.num_clients, num_classes), dtype=bool)
+    present[scene.client, reference] = True
+    return present.sum(axis=1)
+
+
+def format_summary(scene: Scene) -> str:
+    """A table of n, classes, requested noise level and realised noise per client, then totals."""
+    sizes = scene.client_sizes()
+    classes = per_client_classes(scene)
+    noise = scene.true_noise_rate()
+    lines = [f"{'client':>6} {'n':>7} {'classes':>7} {'level':>6} {'true_noise':>10}"]
+    for k in range(scene.num_clients):
+        lines.append(f"{k:>6} {sizes[k]:>7} {classes[k]:>7} {scene.noise_level[k]:>6.3f} {noise[k]:>10.3f}")
+    known = scene.true_labels >= 0
+    overall = float(np.mean(scene.noisy_labels[known] != scene.true_labels[known])) if known.any() else float("nan")
+    spec = scene.spec
+    lines += [
+        "",
+        f"dataset {spec['dataset']['name']}: {scene.indices.size} training samples over "
+        f"{scene.num_clients} clients (n min {sizes.min()}, mean {sizes.mean():.1f}, max {sizes.max()})",
+        f"partition {spec['partition']}, noise {spec['noise']}, seed {spec['seed']}",
+        f"noisy clients (true noise > 0): {int(np.sum(noise > 0))}/{scene.num_clients}; "
+        f"label noise over all samples: {overall:.4f}",
+    ]
+    return "\n".join(lines)

@@ -1,0 +1,160 @@
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from conf import compose_config
+from data.client_data import client_data
+from data.errors import ConfigError, SceneError
+from data.npz import write_npz
+from data.scene import SCENE_FILE, Scene, prepare_scene
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def cfg_for(out_dir: Path, *extra: str):
+    return compose_config(["dataset=digits", "num_clients=10", f"out_dir={out_dir}", *extra])
+
+
+def run_cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "data.scene", *args], cwd=REPO, capture_output=True, text=True, timeout=120
+    )
+
+
+def test_same_spec_and_seed_give_a_byte_identical_file(tmp_path):
+    prepare_scene(cfg_for(tmp_path / "a"))
+    prepare_scene(cfg_for(tmp_path / "b"))
+    first = (tmp_path / "a" / SCENE_FILE).read_bytes()
+    assert first == (tmp_path / "b" / SCENE_FILE).read_bytes()
+    prepare_scene(cfg_for(tmp_path / "c", "seed=2"))
+    assert first != (tmp_path / "c" / SCENE_FILE).read_bytes()
+
+
+def test_scene_contents_are_consistent(tmp_path, digits):
+    scene, dataset, reused = prepare_scene(cfg_for(tmp_path, "noise.rho=0.5", "noise.tau=0.3"))
+    assert not reused
+    assert np.array_equal(np.sort(scene.indices), np.arange(len(dataset.train))), "disjoint and complete"
+    assert np.array_equal(scene.true_labels, dataset.train.labels[scene.indices])
+    assert scene.client_sizes().sum() == len(dataset.train)
+    level, rate = scene.noise_level, scene.true_noise_rate()
+    assert np.all(rate[level == 0] == 0)
+    assert np.all(rate <= level + 1e-9), "a relabel that hits the true class lowers the realised rate"
+    assert (level > 0).any()
+
+
+def test_changing_the_noise_keeps_the_partition(tmp_path):
+    a, _, _ = prepare_scene(cfg_for(tmp_path / "a", "noise.rho=0.2"))
+    b, _, _ = prepare_scene(cfg_for(tmp_path / "b", "noise.rho=0.9"))
+    assert np.array_equal(a.indices, b.indices) and np.array_equal(a.client, b.client)
+    assert not np.array_equal(a.noisy_labels, b.noisy_labels)
+
+
+def test_the_dataset_including_its_test_split_is_never_touched(tmp_path, digits):
+    train_before, test_before = digits.train.labels.copy(), digits.test.labels.copy()
+    scene, dataset, _ = prepare_scene(cfg_for(tmp_path, "noise=symmetric", "noise.eps=0.5"))
+    assert np.array_equal(dataset.train.labels, train_before)
+    assert np.array_equal(dataset.test.labels, test_before)
+    assert scene.indices.max() < len(dataset.train), "scene indexes the train split only"
+
+
+def test_an_existing_scene_is_reused_only_for_the_same_spec(tmp_path):
+    prepare_scene(cfg_for(tmp_path))
+    _, _, reused = prepare_scene(cfg_for(tmp_path))
+    assert reused
+    with pytest.raises(SceneError, match=r"different config \(noise.rho: 0.6 -> 0.8\)"):
+        prepare_scene(cfg_for(tmp_path, "noise.rho=0.8"))
+
+
+@pytest.mark.parametrize(
+    "damage",
+    [
+        lambda raw: raw[: len(raw) // 2],
+        lambda raw: b"not a zip file at all",
+        lambda raw: raw[:1000] + bytes([raw[1000] ^ 0xFF]) + raw[1001:],
+    ],
+    ids=["truncated", "garbage", "flipped-byte"],
+)
+def test_a_corrupt_scene_file_is_a_clear_error(tmp_path, damage):
+    prepare_scene(cfg_for(tmp_path))
+    path = tmp_path / SCENE_FILE
+    path.write_bytes(damage(path.read_bytes()))
+    with pytest.raises(SceneError, match="is corrupt"):
+        Scene.load(path)
+
+
+@pytest.mark.parametrize("spec", ['{"format": 99}', "[1, 2]", "{not json"])
+def test_a_scene_with_a_bad_spec_is_corrupt(tmp_path, spec):
+    scene, _, _ = prepare_scene(cfg_for(tmp_path))
+    arrays = {name: getattr(scene, name) for name in ("indices", "client", "noisy_labels", "true_labels", "noise_level")}
+    write_npz(tmp_path / "bad.npz", {**arrays, "spec": np.array(spec)})
+    with pytest.raises(SceneError, match="is corrupt"):
+        Scene.load(tmp_path / "bad.npz")
+
+
+def test_a_scene_missing_an_array_is_corrupt(tmp_path):
+    scene, _, _ = prepare_scene(cfg_for(tmp_path))
+    arrays = {name: getattr(scene, name) for name in ("indices", "client", "noisy_labels", "noise_level")}
+    np.savez(tmp_path / "partial.npz", **arrays)
+    with pytest.raises(SceneError, match=r"is corrupt \(missing arrays \['true_labels', 'spec'\]\)"):
+        Scene.load(tmp_path / "partial.npz")
+
+
+def test_client_slice_matches_the_scene(tmp_path, digits):
+    scene, dataset, _ = prepare_scene(cfg_for(tmp_path))
+    for k in (0, 9):
+        local = client_data(scene, dataset, k)
+        assert len(local) == scene.client_sizes()[k]
+        assert np.array_equal(local.images, dataset.train.images[local.indices])
+        assert np.array_equal(local.labels, scene.noisy_labels[scene.rows(k)])
+    with pytest.raises(ConfigError, match="client 10 does not exist"):
+        scene.rows(10)
+
+
+@pytest.mark.parametrize(
+    "override,message",
+    [
+        ("dataset=imagenet", "dataset='imagenet' is unknown: allowed are cifar10, cifar100, clothing1m, digits"),
+        ("noise.rho=1.5", "noise.rho=1.5 is invalid"),
+        ("noise.tau=-0.1", "noise.tau=-0.1 is invalid"),
+        ("partition=fedcorr_noniid partition.p=0", "partition.p=0 is invalid"),
+        ("partition=dirichlet partition.alpha=0", "partition.alpha=0 is invalid"),
+        ("num_clients=5000", "num_clients=5000 exceeds the 1437 training samples"),
+        ("num_clients=0", "num_clients=0 is invalid"),
+        ("dataset.num_classes=7", "dataset.num_classes=7 but digits at hand has 10 classes"),
+        ("model=transformer", "model='transformer' is unknown"),
+    ],
+)
+def test_bad_input_fails_before_writing_anything(tmp_path, override, message):
+    out = tmp_path / "never"
+    with pytest.raises(ConfigError, match=message):
+        prepare_scene(compose_config(["dataset=digits", "num_clients=10", f"out_dir={out}", *override.split()]))
+    assert not out.exists()
+
+
+def test_clothing1m_refuses_synthetic_noise():
+    from data.scene import scene_spec
+
+    with pytest.raises(ConfigError, match="use noise=none"):
+        scene_spec(compose_config(["dataset=clothing1m"]))
+
+
+def test_cli_contract_writes_reuses_refuses_and_plots(tmp_path):
+    out = tmp_path / "scene"
+    args = ["dataset=digits", "num_clients=10", "partition=iid", "noise=fedcorr", "noise.rho=0.6",
+            "noise.tau=0.5", "seed=1", f"out_dir={out}"]
+    first = run_cli(*args)
+    assert first.returncode == 0, first.stderr
+    assert "client" in first.stdout and "true_noise" in first.stdout and f"wrote {out / SCENE_FILE}" in first.stdout
+    with np.load(out / SCENE_FILE, allow_pickle=False) as archive:
+        assert {"indices", "client", "noisy_labels", "true_labels", "spec"} <= set(archive.files)
+    again = run_cli(*args, "scene.plot=true")
+    assert again.returncode == 0 and "reused" in again.stdout
+    assert (out / "partition.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    clash = run_cli(*args[:-1], "noise.rho=0.9", f"out_dir={out}")
+    assert clash.returncode == 2 and "different config" in clash.stderr and "Traceback" not in clash.stderr
+    bad = run_cli("dataset=digits", "noise.rho=2", f"out_dir={tmp_path / 'bad'}")
+    assert bad.returncode == 2 and "noise.rho=2 is invalid" in bad.stderr
+    assert not (tmp_path / "bad").exists()
