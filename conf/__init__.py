@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import functools
+import shlex
+from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 from hydra import compose, initialize_config_dir
+from hydra.core.global_hydra import GlobalHydra
 from hydra.errors import HydraException
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
@@ -44,9 +48,31 @@ def compose_config(overrides: Sequence[str] = ()) -> DictConfig:
                 f"{group}={value!r} is unknown: allowed are {', '.join(group_options(group))}"
             )
     try:
-        with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        if GlobalHydra.instance().is_initialized():
+            # Inside sim.py's @hydra.main, whose search path is this same folder.
             cfg = compose("config", overrides=list(overrides))
+        else:
+            with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+                cfg = compose("config", overrides=list(overrides))
         OmegaConf.resolve(cfg)
     except (HydraException, OmegaConfBaseException) as err:
         raise ConfigError(f"bad override in {' '.join(overrides)!r}: {err}") from err
     return cfg
+
+
+RUN_CONFIG_KEY = "overrides"
+
+
+@functools.lru_cache(maxsize=8)
+def _compose_cached(overrides: str) -> DictConfig:
+    return compose_config(shlex.split(overrides))
+
+
+def compose_from_run_config(run_config: Mapping[str, Any]) -> DictConfig:
+    """The config for a Flower run: Hydra overrides travel as one string under the run config key
+    ``overrides`` (``flwr run . --run-config 'overrides="experiment=smoke seed=2"'``).
+
+    Cached per process, so a simulated client composes once, not once per message. Callers must
+    not modify the returned config.
+    """
+    return _compose_cached(str(run_config.get(RUN_CONFIG_KEY, "")))

@@ -6,6 +6,9 @@ import os
 
 import pytest
 
+# Flower reports usage to its servers by default; tests must not try to phone home.
+os.environ.setdefault("FLWR_TELEMETRY_ENABLED", "0")
+
 
 @pytest.fixture(autouse=True, scope="session")
 def isolated_cache(tmp_path_factory: pytest.TempPathFactory) -> None:

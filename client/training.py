@@ -1,0 +1,225 @@
+"""Local SGD on one client's data: optional mixup and an optional proximal pull toward the global model."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, fields
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from client.batches import ImageBatches, check_labels_fit, label_tensor
+from data.errors import ConfigError
+from data.registry import check_int, check_number
+from data.sources.base import ImageArray
+from data.transforms import BatchTransform
+
+PROX_NORMS = ("squared", "l2")
+_BATCHNORMS = (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d, nn.SyncBatchNorm)
+
+
+def _check_real(
+    key: str, value: Any, *, low: float, low_open: bool = False, below: float | None = None
+) -> None:
+    """check_number, and also reject infinities and values >= ``below`` (an open upper bound)."""
+    check_number(key, value, low=low, low_open=low_open)
+    if math.isfinite(value) and (below is None or value < below):
+        return
+    bound = f"{'>' if low_open else '>='} {low}" + ("" if below is None else f" and < {below}")
+    raise ConfigError(f"{key}={value!r} is invalid: allowed is a finite number {bound}")
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """Local training settings; the defaults are FedCorr's (Appendix B: SGD, momentum 0.5, no weight decay).
+
+    mixup_alpha: 0 trains on the batches as they are; > 0 mixes each batch with a random permutation
+        of itself using one lambda ~ Beta(alpha, alpha) per batch.
+    prox_weight: 0 adds nothing; > 0 adds prox_weight * prox(w, w_global) to the loss. FedCorr's
+        weight is beta * mu_hat_k; FedProx's mu/2 with ``squared``.
+    prox_norm: ``squared`` is ||w - w_global||^2 (FedCorr eq. 5); ``l2`` is the unsquared norm.
+    """
+
+    lr: float
+    momentum: float = 0.5
+    weight_decay: float = 0.0
+    epochs: int = 5
+    batch_size: int = 10
+    mixup_alpha: float = 0.0
+    prox_weight: float = 0.0
+    prox_norm: str = "squared"
+
+    def __post_init__(self) -> None:
+        _check_real("train.lr", self.lr, low=0, low_open=True)
+        _check_real("train.momentum", self.momentum, low=0, below=1)
+        _check_real("train.weight_decay", self.weight_decay, low=0)
+        check_int("train.epochs", self.epochs, low=1)
+        check_int("train.batch_size", self.batch_size, low=1)
+        _check_real("train.mixup_alpha", self.mixup_alpha, low=0)
+        _check_real("train.prox_weight", self.prox_weight, low=0)
+        if self.prox_norm not in PROX_NORMS:
+            raise ConfigError(
+                f"train.prox_norm={self.prox_norm!r} is invalid: allowed are {', '.join(PROX_NORMS)}"
+            )
+
+    @classmethod
+    def from_mapping(cls, cfg: Mapping) -> TrainConfig:
+        """Build from a mapping (a Hydra node or a Flower config record) of this class's field names."""
+        allowed = [f.name for f in fields(cls)]
+        if not isinstance(cfg, Mapping):
+            raise ConfigError(f"train config {cfg!r} is invalid: allowed is a mapping with keys {allowed}")
+        unknown = sorted(str(key) for key in cfg if key not in allowed)
+        if unknown:
+            raise ConfigError(f"train config has unknown keys {unknown}: allowed are {allowed}")
+        if "lr" not in cfg:
+            raise ConfigError("train.lr is missing: a learning rate > 0 is required")
+        return cls(**{key: cfg[key] for key in cfg})
+
+
+def _prox_anchor(
+    params: Sequence[nn.Parameter], global_params: Sequence[torch.Tensor] | None, device: torch.device
+) -> list[torch.Tensor]:
+    """Private device copies of the global weights, checked against the model's parameters."""
+    if global_params is None:
+        raise ConfigError("train.prox_weight > 0 needs global_params: the global model's parameters")
+    global_params = list(global_params)
+    if len(global_params) != len(params):
+        raise ConfigError(
+            f"global_params has {len(global_params)} tensors but the model has {len(params)} parameters; "
+            "allowed is one tensor per model.parameters(), in the same order"
+        )
+    anchor = []
+    for i, (param, ref) in enumerate(zip(params, global_params)):
+        ref = torch.as_tensor(ref)
+        if ref.shape != param.shape:
+            raise ConfigError(
+                f"global_params[{i}] has shape {tuple(ref.shape)}; "
+                f"allowed is the shape of model parameter {i}, {tuple(param.shape)}"
+            )
+        # A copy, so the anchor can never alias (and move with) the parameters being trained.
+        anchor.append(ref.detach().to(device=device, dtype=param.dtype, copy=True))
+    return anchor
+
+
+def _proximal(params: Sequence[nn.Parameter], anchor: Sequence[torch.Tensor], squared: bool) -> torch.Tensor:
+    # vector_norm's gradient at 0 is 0 (a subgradient), so the first step, where w == w_global,
+    # stays finite; a sqrt of a sum of squares would give NaN there.
+    per_tensor = torch.stack([torch.linalg.vector_norm(p - g) for p, g in zip(params, anchor)])
+    distance = torch.linalg.vector_norm(per_tensor)
+    return distance.square() if squared else distance
+
+
+@dataclass(frozen=True)
+class _Mix:
+    """One batch's mixup: each sample weighted ``lam``, its partner ``sample[partner]`` 1 - lam."""
+
+    lam: float
+    partner: torch.Tensor
+
+    def inputs(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.lerp(x[self.partner], x, self.lam)
+
+    def loss(self, out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        # Cross-entropy against the mixed one-hot targets, without building them.
+        return self.lam * F.cross_entropy(out, y) + (1 - self.lam) * F.cross_entropy(out, y[self.partner])
+
+
+class _Mixup:
+    """Draws a lambda ~ Beta(alpha, alpha) and a partner permutation per batch, all from ``generator``."""
+
+    def __init__(self, alpha: float, generator: torch.Generator, device: torch.device) -> None:
+        self.alpha = alpha
+        self.generator = generator
+        self.device = device
+        # torch has no Beta sampler that takes a generator; a NumPy stream seeded from it keeps one source.
+        seed = torch.randint(0, 2**63 - 1, (1,), generator=generator, device=generator.device)
+        self._rng = np.random.default_rng(int(seed))
+
+    def draw(self, batch: int) -> _Mix:
+        lam = float(self._rng.beta(self.alpha, self.alpha))
+        partner = torch.randperm(batch, generator=self.generator, device=self.generator.device)
+        return _Mix(lam, partner.to(self.device))
+
+
+def train_local(
+    model: nn.Module,
+    images: ImageArray,
+    labels: np.ndarray,
+    transform: BatchTransform,
+    cfg: TrainConfig,
+    *,
+    generator: torch.Generator,
+    device: torch.device | str = "cpu",
+    global_params: Sequence[torch.Tensor] | None = None,
+) -> dict[str, float]:
+    """SGD for ``cfg.epochs`` epochs over the local set, reshuffled each epoch; trains ``model`` in place.
+
+    images: uint8 (n, C, H, W); labels: the n labels to train on. ``transform`` turns each uint8
+    batch into the network input; every random choice (order, augmentation, mixup) comes from
+    ``generator``. The model is moved to ``device`` and left in the train/eval mode it came in.
+    The last partial batch is kept, except a batch of one image when the model has BatchNorm layers,
+    which cannot normalise a single sample in train mode: that batch is skipped.
+    global_params: the global model's tensors in ``model.parameters()`` order (BatchNorm buffers are
+    not parameters); needed when ``cfg.prox_weight > 0``, ignored otherwise.
+
+    Returns ``train_loss`` (mean batch loss of the last epoch, without the proximal term; NaN if no
+    batch was trained), ``num-examples`` (n) and ``steps`` (optimizer steps taken).
+    """
+    if not isinstance(cfg, TrainConfig):
+        raise ConfigError(f"cfg of type {type(cfg).__name__} is invalid: allowed is a TrainConfig")
+    if not isinstance(transform, BatchTransform):
+        raise ConfigError(f"transform {transform!r} is invalid: allowed is a BatchTransform")
+    if not isinstance(generator, torch.Generator):
+        raise ConfigError(f"generator {generator!r} is invalid: allowed is a torch.Generator")
+    device = torch.device(device)
+    batches = ImageBatches(images, device)
+    n = len(batches)
+    targets = label_tensor(labels, n).to(device)
+    top_label = int(targets.max())
+    has_batchnorm = any(isinstance(m, _BATCHNORMS) for m in model.modules())
+    if has_batchnorm and cfg.batch_size == 1:
+        raise ConfigError("train.batch_size=1 is invalid for a model with BatchNorm: allowed is >= 2")
+    model.to(device)
+    params = list(model.parameters())
+    anchor = _prox_anchor(params, global_params, device) if cfg.prox_weight > 0 else None
+    mixup = _Mixup(cfg.mixup_alpha, generator, device) if cfg.mixup_alpha > 0 else None
+    squared = cfg.prox_norm == "squared"
+    optimizer = torch.optim.SGD(params, lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay)
+
+    was_training = model.training
+    model.train()
+    steps = 0
+    try:
+        for _ in range(cfg.epochs):
+            order = torch.randperm(n, generator=generator, device=generator.device).to(device)
+            # Summed on the device: one host sync per call, not one per step.
+            loss_sum = torch.zeros((), device=device)
+            epoch_steps = 0
+            for rows in order.split(cfg.batch_size):
+                if has_batchnorm and rows.numel() == 1:
+                    continue
+                x = transform(batches(rows), generator)
+                y = targets[rows]
+                mix = None if mixup is None else mixup.draw(rows.numel())
+                out = model(x if mix is None else mix.inputs(x))
+                if steps == 0:
+                    # Checked before the first loss: an out-of-range label is a device assert on CUDA.
+                    check_labels_fit(top_label, out.shape[1])
+                loss = F.cross_entropy(out, y) if mix is None else mix.loss(out, y)
+                objective = loss
+                if anchor is not None:
+                    objective = loss + cfg.prox_weight * _proximal(params, anchor, squared)
+                optimizer.zero_grad()
+                objective.backward()
+                optimizer.step()
+                loss_sum += loss.detach()
+                epoch_steps += 1
+                steps += 1
+    finally:
+        model.train(was_training)
+    train_loss = float(loss_sum) / epoch_steps if epoch_steps else math.nan
+    return {"train_loss": train_loss, "num-examples": n, "steps": steps}

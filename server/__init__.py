@@ -1,0 +1,1 @@
+"""The ServerApp side: node discovery, strategy rounds, central evaluation, results, simulation."""

@@ -1,0 +1,32 @@
+"""One progress line per round: stage, accuracy, participation, elapsed time and ETA."""
+
+from __future__ import annotations
+
+import sys
+from typing import Any, TextIO
+
+
+def _clock(seconds: float) -> str:
+    minutes, secs = divmod(int(round(seconds)), 60)
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours}:{minutes:02d}:{secs:02d}"
+
+
+class Progress:
+    """Prints a line per finished round (to stdout by default, flushed so logs stream live)."""
+
+    def __init__(self, total_rounds: int, stream: TextIO | None = None) -> None:
+        self.total = total_rounds
+        self.stream = stream or sys.stdout
+
+    def line(self, row: dict[str, Any]) -> str:
+        done = row["round"]
+        eta = row["elapsed_s"] / done * (self.total - done) if done else 0.0
+        acc = "  -   " if row["test_acc"] is None else f"{row['test_acc']:.4f}"
+        loss = "  -   " if row["test_loss"] is None else f"{row['test_loss']:.4f}"
+        return (f"[round {done:>4}/{self.total}] {row['stage']:<9} test_acc {acc}  test_loss {loss}  "
+                f"clients {len(row['clients']):>3}  comm {row['comm_cost']:>6}  "
+                f"elapsed {_clock(row['elapsed_s'])}  ETA {_clock(eta)}")
+
+    def update(self, row: dict[str, Any]) -> None:
+        print(self.line(row), file=self.stream, flush=True)

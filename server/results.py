@@ -1,0 +1,118 @@
+"""The results contract: <out_dir>/results.json and <out_dir>/rounds.csv, kept valid after every round.
+
+results.json is rewritten atomically each round, so a run killed at any point leaves the rounds
+finished so far in a readable file (``"complete": false`` until the run ends).
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import os
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+ROUND_FIELDS = ("round", "stage", "test_acc", "test_loss", "clients", "comm_cost", "train_loss", "elapsed_s")
+
+
+def write_json_atomic(path: Path, payload: dict[str, Any]) -> None:
+    """Write ``payload`` as JSON to ``path`` via a temp file + rename (never a half-written file)."""
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w") as out:
+            json.dump(payload, out, indent=1, allow_nan=False)
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, path)
+    except BaseException:
+        os.unlink(tmp)
+        raise
+
+
+def summarise(rounds: list[dict[str, Any]], wall_s: float) -> dict[str, Any]:
+    """best/final/last-10-mean test accuracy over the evaluated rounds, total comm cost, wall time."""
+    accs = [r["test_acc"] for r in rounds if r["test_acc"] is not None]
+    return {
+        "best_acc": max(accs) if accs else None,
+        "final_acc": accs[-1] if accs else None,
+        "last10_mean_acc": sum(accs[-10:]) / len(accs[-10:]) if accs else None,
+        "comm_cost": rounds[-1]["comm_cost"] if rounds else 0,
+        "wall_s": round(wall_s, 3),
+    }
+
+
+def _finite(value: float | None) -> float | None:
+    return None if value is None or not math.isfinite(value) else float(value)
+
+
+class ResultsWriter:
+    """Collects one row per round and keeps results.json / rounds.csv up to date.
+
+    out_dir: where the two files go (created if missing).
+    config: the resolved run configuration, stored verbatim under "config".
+    """
+
+    def __init__(self, out_dir: str | Path, config: dict[str, Any]) -> None:
+        self.dir = Path(out_dir)
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.config = config
+        self.rounds: list[dict[str, Any]] = []
+        self.extra: dict[str, Any] = {}
+        self.start = time.perf_counter()
+        with open(self.dir / "rounds.csv", "w", newline="") as out:
+            csv.writer(out).writerow(ROUND_FIELDS)
+        self._write(complete=False)
+
+    @property
+    def elapsed(self) -> float:
+        return time.perf_counter() - self.start
+
+    def add_round(
+        self,
+        *,
+        server_round: int,
+        stage: str,
+        clients: list[int],
+        comm_cost: int,
+        test_acc: float | None,
+        test_loss: float | None,
+        train_loss: float | None = None,
+    ) -> dict[str, Any]:
+        row = {
+            "round": server_round, "stage": stage, "test_acc": _finite(test_acc), "test_loss": _finite(test_loss),
+            "clients": list(clients), "comm_cost": comm_cost, "train_loss": _finite(train_loss),
+            "elapsed_s": round(self.elapsed, 3),
+        }
+        self.rounds.append(row)
+        with open(self.dir / "rounds.csv", "a", newline="") as out:
+            csv.writer(out).writerow([" ".join(map(str, v)) if isinstance(v, list) else ("" if v is None else v)
+                                      for v in (row[f] for f in ROUND_FIELDS)])
+        self._write(complete=False)
+        return row
+
+    def finish(self, **extra: Any) -> dict[str, Any]:
+        """Mark the run complete, adding method-specific blocks (e.g. ``fedcorr={...}``)."""
+        self.extra.update(extra)
+        return self._write(complete=True)
+
+    def _write(self, *, complete: bool) -> dict[str, Any]:
+        payload = {
+            "complete": complete,
+            "config": self.config,
+            "rounds": self.rounds,
+            "summary": summarise(self.rounds, self.elapsed),
+            **self.extra,
+        }
+        write_json_atomic(self.dir / "results.json", payload)
+        return payload
+
+
+
+def read_results(out_dir: str | Path) -> dict[str, Any]:
+    """The results payload of a run; a run that did not complete is an error saying so."""
+    payload = json.loads((Path(out_dir) / "results.json").read_text())
+    if not payload.get("complete"):
+        raise RuntimeError(f"the run writing {out_dir}/results.json did not complete; see its log above")
+    return payload

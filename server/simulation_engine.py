@@ -1,0 +1,174 @@
+"""Run a ServerApp and its ClientApps in this process on Flower's simulation runtime (Ray backend)."""
+
+from __future__ import annotations
+
+import os
+import secrets
+import tempfile
+import warnings
+from pathlib import Path
+from typing import Any
+
+import ray
+import tomli_w
+from flwr.app import Context, RecordDict
+from flwr.clientapp import ClientApp
+from flwr.serverapp import ServerApp
+
+from data.errors import ConfigError
+from data.registry import check_int, check_number
+
+RunConfig = dict[str, bool | int | float | str]
+
+_RUN_CONFIG_TYPES = (bool, int, float, str)
+
+
+def run_simulation_engine(
+    server_app: ServerApp,
+    client_app: ClientApp,
+    *,
+    num_supernodes: int,
+    run_config: RunConfig,
+    num_cpus_per_client: float = 1.0,
+    num_gpus_per_client: float = 0.0,
+    ray_init_args: dict[str, Any] | None = None,
+    verbose: bool = False,
+) -> None:
+    """Run ``server_app`` against ``num_supernodes`` virtual SuperNodes and return when it finishes.
+
+    Both apps see ``run_config`` as ``context.run_config``; each ClientApp also sees
+    ``context.node_config`` = {"partition-id": 0..num_supernodes-1, "num-partitions": num_supernodes}.
+    Ray runs as many ClientApp actors as fit ``num_cpus_per_client``/``num_gpus_per_client``; the
+    actors live for the whole run and serve any node, so module-level caches in a ClientApp module
+    survive between messages but are shared by the partitions one actor happens to serve.
+
+    Nodes register just after the ServerApp starts: its main must wait until ``grid.get_node_ids()``
+    holds all ``num_supernodes`` nodes, and should pass a ``timeout`` to ``grid.send_and_receive``.
+
+    Errors:
+      - bad arguments raise ConfigError before Ray starts;
+      - an exception raised in the ServerApp's main is re-raised here unchanged;
+      - an exception raised in a ClientApp does not stop the run: the server gets a reply with
+        ``reply.has_error()`` true and no content, ``reply.error.code`` equal to
+        ``ErrorCode.CLIENT_APP_RAISED_EXCEPTION`` (``flwr.common.constant``) and the exception's
+        message and traceback inside ``reply.error.reason``; the failed call leaves the node's
+        context as it was;
+      - a failure of the runtime itself raises RuntimeError; the ServerApp thread it leaves behind
+        runs on until its own waits time out, which is why resources that cannot fit one actor are
+        refused up front.
+
+    Ray is started with ``ray_init_args`` over quiet defaults (no dashboard, Ray logs at ERROR and
+    actor output hidden unless ``verbose``) and is shut down on return, also after an error. If Ray
+    is already running, Flower reuses it, so ``ray_init_args`` do not apply, and still shuts it down.
+    """
+    init_args = {
+        "include_dashboard": False,
+        "logging_level": "INFO" if verbose else "ERROR",
+        "log_to_driver": verbose,
+        **(ray_init_args or {}),
+    }
+    _check_arguments(num_supernodes, run_config, num_cpus_per_client, num_gpus_per_client, init_args)
+    backend_config = {
+        "client_resources": {"num_cpus": float(num_cpus_per_client), "num_gpus": float(num_gpus_per_client)},
+        "init_args": init_args,
+    }
+    try:
+        with warnings.catch_warnings():
+            # Ray's advice about a future change of CUDA_VISIBLE_DEVICES for num_gpus=0 actors;
+            # the current behaviour (actors without GPUs see none) is the one we want.
+            warnings.filterwarnings("ignore", message="Tip: In future versions of Ray", category=FutureWarning)
+            _run_flower_simulation(server_app, client_app, num_supernodes, dict(run_config), backend_config, verbose)
+    finally:
+        # Flower shuts Ray down itself unless it fails between starting Ray and building the actor pool.
+        if ray.is_initialized():
+            ray.shutdown()
+
+
+def _check_arguments(
+    num_supernodes: int,
+    run_config: RunConfig,
+    num_cpus_per_client: float,
+    num_gpus_per_client: float,
+    init_args: dict[str, Any],
+) -> None:
+    """Raise ConfigError for the first bad argument."""
+    check_int("num_supernodes", num_supernodes, low=1)
+    if not isinstance(run_config, dict):
+        raise ConfigError(f"run_config={run_config!r} is invalid: allowed is a dict of str to bool/int/float/str")
+    for key, value in run_config.items():
+        if not isinstance(key, str) or not isinstance(value, _RUN_CONFIG_TYPES):
+            raise ConfigError(
+                f"run_config[{key!r}]={value!r} is invalid: allowed are str keys with bool, int, float or str values"
+            )
+    # Asking for more than Ray has leaves the actor pool empty: Flower then raises, but only after
+    # the ServerApp thread has started, and nothing here can stop that thread waiting for replies.
+    num_cpus = init_args.get("num_cpus", os.cpu_count() or 1)
+    check_number("num_cpus_per_client", num_cpus_per_client, low=0.0, low_open=True, high=num_cpus)
+    check_number("num_gpus_per_client", num_gpus_per_client, low=0.0)
+    if num_gpus_per_client > 0:
+        import torch  # only when GPUs are asked for: it is slow to import
+
+        num_gpus = init_args.get("num_gpus", torch.cuda.device_count())
+        check_number("num_gpus_per_client", num_gpus_per_client, low=0.0, high=num_gpus)
+
+
+def _run_flower_simulation(
+    server_app: ServerApp,
+    client_app: ClientApp,
+    num_supernodes: int,
+    run_config: RunConfig,
+    backend_config: dict[str, Any],
+    verbose: bool,
+) -> None:
+    """Call Flower's simulation runtime the way its own ``flwr-simulation`` process does.
+
+    The only place that touches Flower internals: run against flwr 1.41.0; the 1.42.0 sources of
+    every module used here are identical (the pin is >=1.41,<1.43).
+    ``flwr.simulation.run_simulation`` is deprecated and gives both apps an empty run config, so we
+    call the private ``_run_simulation`` with what ``flwr.simulation.app.run_simulation_process``
+    passes it: a registered ``Run``, the ServerApp's ``Context`` carrying the run config, and an app
+    directory whose pyproject.toml ``[tool.flwr.app.config]`` is where ClientApp contexts take their
+    run config from (``DeprecatedRunInfoStore.register_context`` with ``is_app=True``).
+    """
+    from flwr.common.constant import SUPERLINK_NODE_ID
+    from flwr.simulation.run_simulation import _run_simulation
+    from flwr.supercore.constant import NOOP_FEDERATION_ID
+    from flwr.supercore.run import Run
+    from flwr.supercore.task_identity import TaskIdentity
+    from flwr.supercore.telemetry import EventType
+
+    # Run and task ids only label this in-memory run; Flower draws them at random the same way.
+    run = Run.create_empty(run_id=secrets.randbelow(2**64 - 1) + 1)
+    run.primary_task_id = secrets.randbelow(2**64 - 1) + 1
+    run.federation_id = NOOP_FEDERATION_ID
+    run.override_config = dict(run_config)
+    # Message() stamps new instructions with this process-wide identity; the link state only
+    # accepts them from the SuperLink node of a registered run.
+    TaskIdentity.run_id = run.run_id
+    TaskIdentity.task_id = run.primary_task_id
+    TaskIdentity.node_id = SUPERLINK_NODE_ID
+    server_context = Context(
+        run_id=run.run_id, node_id=0, node_config={}, state=RecordDict(), run_config=dict(run_config)
+    )
+    with tempfile.TemporaryDirectory(prefix="flwr-app-") as app_dir:
+        app = {
+            "publisher": "local",
+            # Never loaded: both apps are passed as objects.
+            "components": {"serverapp": "unused:server_app", "clientapp": "unused:client_app"},
+            "config": run_config,
+        }
+        pyproject = {"project": {"name": "in-process-app", "version": "0.0.0"}, "tool": {"flwr": {"app": app}}}
+        (Path(app_dir) / "pyproject.toml").write_text(tomli_w.dumps(pyproject), encoding="utf-8")
+        _run_simulation(
+            num_supernodes=num_supernodes,
+            exit_event=EventType.PYTHON_API_RUN_SIMULATION_LEAVE,
+            client_app=client_app,
+            server_app=server_app,
+            backend_name="ray",
+            backend_config=backend_config,
+            server_app_context=server_context,
+            app_dir=app_dir,
+            run=run,
+            verbose_logging=verbose,
+            is_app=True,
+        )

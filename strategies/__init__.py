@@ -1,0 +1,1 @@
+"""Server strategies (Flower Message-API ``Strategy`` subclasses) and a registry by name."""

@@ -1,0 +1,103 @@
+"""Plumbing every strategy of ours shares: addressing clients by partition id, seeded sampling,
+checking replies against a failure policy, and a log of who took part in each round."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+import numpy as np
+from flwr.app import Message, RecordDict
+from flwr.serverapp.strategy import Strategy
+
+from data.errors import ConfigError
+from strategies.federation import Federation
+
+log = logging.getLogger(__name__)
+
+ON_CLIENT_ERROR = ("fail", "skip")
+
+
+class ClientFailure(RuntimeError):
+    """A client raised or did not answer in time, and the policy says the round must fail."""
+
+
+@dataclass(frozen=True)
+class RoundInfo:
+    """One finished round: which clients trained, in which stage, and the participations so far."""
+
+    round: int
+    stage: str
+    clients: list[int]
+    comm_cost: int
+    train_loss: float | None
+
+
+class FederatedStrategy(Strategy):
+    """Base class: subclasses implement Flower's ``configure_train``/``aggregate_train`` using
+    ``train_messages`` and ``collect_replies`` below, and call ``record_round`` once per round.
+
+    rng: the generator every client-sampling decision draws from (seeded from the run's seed).
+    on_client_error: "fail" stops the run when a client raises or times out, naming its
+        partition; "skip" drops that client from the round with a warning.
+    """
+
+    def __init__(self, *, rng: np.random.Generator, on_client_error: str = "fail") -> None:
+        if on_client_error not in ON_CLIENT_ERROR:
+            raise ConfigError(
+                f"server.on_client_error={on_client_error!r} is invalid: allowed are {', '.join(ON_CLIENT_ERROR)}"
+            )
+        self.rng = rng
+        self.on_client_error = on_client_error
+        self._federation: Federation | None = None
+        self.history: list[RoundInfo] = []
+        self._sent: list[int] = []
+
+    @property
+    def federation(self) -> Federation:
+        if self._federation is None:
+            raise RuntimeError("bind(federation) must be called before the strategy starts")
+        return self._federation
+
+    def bind(self, federation: Federation) -> None:
+        """Tell the strategy which node holds which partition (from the server's discovery round)."""
+        self._federation = federation
+
+    @property
+    def comm_cost(self) -> int:
+        """Client participations so far (the FedCorr paper's communication cost)."""
+        return self.history[-1].comm_cost if self.history else 0
+
+    def train_messages(self, partition_ids: list[int], content: RecordDict, message_type: str) -> list[Message]:
+        """One message per client carrying ``content``; remembers whom it was sent to."""
+        self._sent = list(partition_ids)
+        return [
+            Message(content=content, message_type=message_type, dst_node_id=self.federation.node_of[pid])
+            for pid in partition_ids
+        ]
+
+    def collect_replies(self, replies: Iterable[Message]) -> dict[int, RecordDict]:
+        """Replies by partition id, after applying the failure policy to errors and missing replies."""
+        good: dict[int, RecordDict] = {}
+        failed: dict[int, str] = {}
+        for reply in replies:
+            pid = self.federation.partition_of(reply.metadata.src_node_id)
+            if reply.has_error():
+                failed[pid] = f"client {pid} failed: {reply.error.reason}"
+            else:
+                good[pid] = reply.content
+        for pid in self._sent:
+            if pid not in good and pid not in failed:
+                failed[pid] = f"client {pid} did not reply in time"
+        if failed and (self.on_client_error == "fail" or not good):
+            left = "" if good else " (no client left in the round)"
+            raise ClientFailure("; ".join(failed[pid] for pid in sorted(failed)) + left)
+        for pid in sorted(failed):
+            log.warning("%s; skipped (server.on_client_error=skip)", failed[pid])
+        return dict(sorted(good.items()))
+
+    def record_round(self, server_round: int, stage: str, clients: list[int], train_loss: float | None) -> RoundInfo:
+        info = RoundInfo(server_round, stage, sorted(clients), self.comm_cost + len(clients), train_loss)
+        self.history.append(info)
+        return info

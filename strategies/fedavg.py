@@ -1,0 +1,84 @@
+"""FedAvg (McMahan et al. 2017) on the Message API, sampling clients from the run's seed."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable
+
+import numpy as np
+from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
+from flwr.serverapp import Grid
+
+from strategies.base import FederatedStrategy
+from strategies.utils import round_size, sample_clients, weighted_average
+
+log = logging.getLogger(__name__)
+
+
+def average_replies(replies: dict[int, RecordDict]) -> tuple[ArrayRecord, float]:
+    """Average the clients' arrays weighted by their ``num-examples``; also the mean train loss."""
+    states, weights, losses = [], [], []
+    for content in replies.values():
+        states.append({key: array.numpy() for key, array in content["arrays"].items()})
+        metrics = content["metrics"]
+        weights.append(float(metrics["num-examples"]))
+        losses.append(float(metrics["train_loss"]))
+    averaged = weighted_average(states, weights)
+    return ArrayRecord({key: Array(value) for key, value in averaged.items()}), float(np.average(losses, weights=weights))
+
+
+class FedAvg(FederatedStrategy):
+    """Each round, a fresh uniform sample of clients trains from the global model; the server
+    averages all their state arrays (parameters and BatchNorm buffers) weighted by local set size.
+
+    fraction: share of all clients sampled per round (at least ``min_clients``).
+    min_clients: the smallest round size.
+    stage: the stage name written in the round log (FedCorr's stage 3 is "usual").
+    rng, on_client_error: see ``FederatedStrategy``.
+    """
+
+    def __init__(
+        self,
+        *,
+        fraction: float,
+        min_clients: int = 1,
+        stage: str = "fedavg",
+        rng: np.random.Generator,
+        on_client_error: str = "fail",
+    ) -> None:
+        super().__init__(rng=rng, on_client_error=on_client_error)
+        self.fraction = fraction
+        self.min_clients = min_clients
+        self.stage = stage
+
+    def summary(self) -> None:
+        log.info("%s: fraction=%s, min_clients=%s, on_client_error=%s",
+                 type(self).__name__, self.fraction, self.min_clients, self.on_client_error)
+
+    def sample(self) -> list[int]:
+        population = self.federation.partition_ids
+        return sample_clients(self.rng, population, round_size(self.fraction, len(population), self.min_clients))
+
+    def configure_train(
+        self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
+    ) -> Iterable[Message]:
+        config["server-round"] = server_round
+        content = RecordDict({"arrays": arrays, "config": config})
+        return self.train_messages(self.sample(), content, MessageType.TRAIN)
+
+    def aggregate_train(
+        self, server_round: int, replies: Iterable[Message]
+    ) -> tuple[ArrayRecord | None, MetricRecord | None]:
+        good = self.collect_replies(replies)
+        arrays, train_loss = average_replies(good)
+        self.record_round(server_round, self.stage, list(good), train_loss)
+        return arrays, MetricRecord({"train_loss": train_loss})
+
+    def configure_evaluate(
+        self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
+    ) -> Iterable[Message]:
+        # The global model is evaluated centrally on the test split (server.evaluate_fn).
+        return []
+
+    def aggregate_evaluate(self, server_round: int, replies: Iterable[Message]) -> MetricRecord | None:
+        return None

@@ -1,0 +1,42 @@
+"""Helpers shared by strategies: averaging state arrays, sampling clients, round sizes."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from data.errors import ConfigError
+
+
+def weighted_average(states: Sequence[dict[str, np.ndarray]], weights: Sequence[float]) -> dict[str, np.ndarray]:
+    """Average every array of the given model states (parameters and BN buffers alike), weighted.
+
+    Accumulates in float64 and returns each array in its original dtype; integer buffers such as
+    BatchNorm's ``num_batches_tracked`` are rounded rather than turned into floats.
+    """
+    if not states:
+        raise ValueError("nothing to average: no client states")
+    total = float(sum(weights))
+    if total <= 0:
+        raise ValueError(f"weights must sum to a positive number, got {list(weights)}")
+    averaged: dict[str, np.ndarray] = {}
+    for key, first in states[0].items():
+        acc = np.zeros(first.shape, dtype=np.float64)
+        for state, weight in zip(states, weights):
+            acc += np.asarray(state[key], dtype=np.float64) * (weight / total)
+        rounded = np.rint(acc) if first.dtype.kind in "iub" else acc
+        averaged[key] = np.asarray(rounded).astype(first.dtype)  # np.rint turns 0-d arrays into scalars
+    return averaged
+
+
+def round_size(fraction: float, population: int, minimum: int = 1) -> int:
+    """Clients per round: max(minimum, round(fraction * population)), at most the population."""
+    return min(population, max(minimum, int(round(fraction * population))))
+
+
+def sample_clients(rng: np.random.Generator, population: Sequence[int], count: int) -> list[int]:
+    """``count`` distinct clients drawn uniformly from ``population`` (sorted, for readable logs)."""
+    if count > len(population):
+        raise ConfigError(f"cannot sample {count} clients from {len(population)}")
+    return sorted(int(pid) for pid in rng.choice(np.asarray(population), size=count, replace=False))

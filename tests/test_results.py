@@ -1,0 +1,49 @@
+import csv
+import json
+
+import pytest
+
+from server.progress import Progress
+from server.results import ResultsWriter, read_results, summarise
+
+
+def add(writer: ResultsWriter, r: int, acc: float | None, loss: float | None = 0.5) -> dict:
+    return writer.add_round(server_round=r, stage="fedavg", clients=[r, r + 1], comm_cost=2 * r,
+                            test_acc=acc, test_loss=loss, train_loss=float("nan"))
+
+
+def test_results_are_valid_after_every_round_and_complete_at_the_end(tmp_path):
+    writer = ResultsWriter(tmp_path / "run", {"seed": 1})
+    payload = json.loads((tmp_path / "run" / "results.json").read_text())
+    assert payload["complete"] is False and payload["rounds"] == [] and payload["config"] == {"seed": 1}
+    add(writer, 1, 0.5)
+    add(writer, 2, None, None)  # a round without central evaluation
+    partial = json.loads((tmp_path / "run" / "results.json").read_text())
+    assert [r["round"] for r in partial["rounds"]] == [1, 2] and partial["complete"] is False
+    assert partial["rounds"][1]["test_acc"] is None and partial["rounds"][0]["train_loss"] is None
+    with pytest.raises(RuntimeError, match="did not complete"):
+        read_results(tmp_path / "run")
+    add(writer, 3, 0.7)
+    writer.finish(extra_block={"x": 1})
+    final = read_results(tmp_path / "run")
+    assert final["complete"] is True and final["extra_block"] == {"x": 1}
+    assert final["summary"]["best_acc"] == 0.7 and final["summary"]["comm_cost"] == 6
+    rows = list(csv.DictReader(open(tmp_path / "run" / "rounds.csv")))
+    assert [row["round"] for row in rows] == ["1", "2", "3"]
+    assert rows[0]["clients"] == "1 2" and rows[1]["test_acc"] == ""
+
+
+def test_summary_uses_evaluated_rounds_only():
+    rounds = [{"test_acc": a, "comm_cost": c} for a, c in [(0.1, 1), (None, 2)] + [(0.1 * i, i + 2) for i in range(1, 12)]]
+    summary = summarise(rounds, wall_s=12.3456)
+    assert summary["best_acc"] == pytest.approx(1.1) and summary["final_acc"] == pytest.approx(1.1)
+    assert summary["last10_mean_acc"] == pytest.approx(sum(0.1 * i for i in range(2, 12)) / 10)
+    assert summary["comm_cost"] == 13 and summary["wall_s"] == 12.346
+    assert summarise([], 0.0)["best_acc"] is None
+
+
+def test_progress_line_shows_round_stage_accuracy_and_eta():
+    line = Progress(10).line({"round": 2, "stage": "fedavg", "test_acc": 0.8125, "test_loss": 0.61,
+                              "clients": [1, 2, 3], "comm_cost": 6, "elapsed_s": 20.0})
+    assert "[round    2/10]" in line and "fedavg" in line and "0.8125" in line
+    assert "elapsed 0:00:20" in line and "ETA 0:01:20" in line

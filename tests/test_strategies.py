@@ -1,0 +1,131 @@
+import numpy as np
+import pytest
+import torch
+from flwr.app import Array, ArrayRecord, ConfigRecord, Error, Message, Metadata, MetricRecord, RecordDict
+
+from strategies.base import ClientFailure, FederatedStrategy
+from strategies.fedavg import FedAvg
+from strategies.federation import Federation
+from strategies.utils import round_size, sample_clients, weighted_average
+
+@pytest.fixture(autouse=True)
+def server_identity(monkeypatch):
+    """Messages need the identity Flower gives a ServerApp process; set it as the runtime would."""
+    from flwr.supercore.task_identity import TaskIdentity
+
+    for attribute, value in (("_run_id", 1), ("_task_id", 1), ("_node_id", 0)):
+        monkeypatch.setattr(TaskIdentity, attribute, value)
+
+
+# Flower node ids are random 64-bit numbers; partitions are 0..N-1.
+NODES = {0: 9_001, 1: 4_242, 2: 77, 3: 123_456}
+
+
+def federation() -> Federation:
+    return Federation(node_of=dict(NODES), num_examples={0: 10, 1: 30, 2: 20, 3: 40})
+
+
+def reply_from(pid: int, content: RecordDict | None = None, error: str | None = None) -> Message:
+    metadata = Metadata(run_id=1, message_id="", src_node_id=NODES[pid], dst_node_id=0, reply_to_message_id="",
+                        group_id="", created_at=0.0, ttl=60.0, message_type="train")
+    if error is not None:
+        return Message(error=Error(code=0, reason=error), metadata=metadata)
+    return Message(content=content, metadata=metadata)
+
+
+def train_reply(pid: int, weight: np.ndarray, batches: int, n: int, loss: float) -> Message:
+    arrays = ArrayRecord({"w": Array(weight.astype(np.float32)), "bn.num_batches_tracked": Array(np.array(batches))})
+    return reply_from(pid, RecordDict({"arrays": arrays, "metrics": MetricRecord({"num-examples": n, "train_loss": loss})}))
+
+
+def fedavg(on_client_error: str = "fail", fraction: float = 0.5) -> FedAvg:
+    strategy = FedAvg(fraction=fraction, rng=np.random.default_rng(0), on_client_error=on_client_error)
+    strategy.bind(federation())
+    return strategy
+
+
+def test_weighted_average_keeps_dtypes_and_weights_by_examples():
+    states = [{"w": np.array([1.0, 2.0], np.float32), "n": np.array(3)},
+              {"w": np.array([4.0, 8.0], np.float32), "n": np.array(6)}]
+    out = weighted_average(states, [1, 2])
+    assert out["w"].dtype == np.float32 and np.allclose(out["w"], [3.0, 6.0])
+    assert out["n"].dtype == states[0]["n"].dtype and int(out["n"]) == 5
+
+
+def test_fedavg_aggregates_all_arrays_by_num_examples():
+    strategy = fedavg()
+    strategy.train_messages([1, 3], RecordDict(), "train")
+    replies = [train_reply(1, np.array([1.0, 1.0]), 10, 30, 0.5), train_reply(3, np.array([3.0, 5.0]), 20, 10, 1.5)]
+    arrays, metrics = strategy.aggregate_train(1, replies)
+    assert np.allclose(arrays["w"].numpy(), [1.5, 2.0])  # (30*1 + 10*3)/40, (30*1 + 10*5)/40
+    assert int(arrays["bn.num_batches_tracked"].numpy()) == 12  # round((30*10 + 10*20)/40) = 12.5 -> 12
+    assert metrics["train_loss"] == pytest.approx(0.75)
+    assert strategy.history[-1].clients == [1, 3] and strategy.comm_cost == 2
+
+
+def test_fedavg_aggregation_matches_a_torch_model_average():
+    torch.manual_seed(0)
+    models = [torch.nn.Sequential(torch.nn.Linear(3, 2), torch.nn.BatchNorm1d(2)) for _ in range(2)]
+    for model in models:
+        model.train()(torch.randn(8, 3))  # moves the BN running stats
+    sizes = [10, 30]
+    strategy = fedavg()
+    strategy.train_messages([0, 1], RecordDict(), "train")
+    replies = [reply_from(pid, RecordDict({"arrays": ArrayRecord(m.state_dict()),
+                                           "metrics": MetricRecord({"num-examples": n, "train_loss": 0.0})}))
+               for pid, m, n in zip([0, 1], models, sizes)]
+    arrays, _ = strategy.aggregate_train(1, replies)
+    merged = arrays.to_torch_state_dict()
+    for key, value in models[0].state_dict().items():
+        if value.is_floating_point():
+            expected = (10 * value + 30 * models[1].state_dict()[key]) / 40
+            assert torch.allclose(merged[key], expected, atol=1e-6), key
+
+
+def test_configure_train_addresses_sampled_partitions_by_node_id():
+    strategy = fedavg(fraction=0.5)
+    messages = list(strategy.configure_train(3, ArrayRecord(), ConfigRecord({"lr": 0.1}), grid=None))
+    assert len(messages) == 2
+    pids = [federation().partition_of(m.metadata.dst_node_id) for m in messages]
+    assert len(set(pids)) == 2 and all(p in NODES for p in pids)
+    assert messages[0].content["config"]["server-round"] == 3
+
+
+def test_sampling_is_seeded_and_uniform():
+    a = [sample_clients(np.random.default_rng(1), list(range(100)), 10) for _ in range(3)]
+    b = sample_clients(np.random.default_rng(1), list(range(100)), 10)
+    assert a[0] == b and len(set(b)) == 10
+    rng = np.random.default_rng(2)
+    counts = np.bincount(np.concatenate([sample_clients(rng, list(range(20)), 5) for _ in range(4000)]), minlength=20)
+    assert counts.min() > 0.85 * 1000 and counts.max() < 1.15 * 1000
+    assert round_size(0.1, 100) == 10 and round_size(0.001, 100) == 1 and round_size(0.1, 100, minimum=15) == 15
+
+
+def test_a_failing_client_stops_the_round_naming_its_partition():
+    strategy = fedavg()
+    strategy.train_messages([1, 2], RecordDict(), "train")
+    replies = [train_reply(1, np.zeros(2), 0, 5, 0.1), reply_from(2, error="ValueError: disk on fire")]
+    with pytest.raises(ClientFailure, match="client 2 failed: ValueError: disk on fire"):
+        strategy.aggregate_train(1, replies)
+
+
+def test_skip_policy_drops_failed_and_silent_clients(caplog):
+    strategy = fedavg("skip")
+    strategy.train_messages([0, 1, 2], RecordDict(), "train")
+    replies = [train_reply(1, np.ones(2), 0, 5, 0.1), reply_from(2, error="boom")]
+    arrays, _ = strategy.aggregate_train(1, replies)
+    assert np.allclose(arrays["w"].numpy(), 1.0)
+    assert strategy.history[-1].clients == [1]
+    assert "client 0 did not reply in time" in caplog.text and "client 2 failed: boom" in caplog.text
+
+
+def test_skip_policy_still_fails_when_nobody_is_left():
+    strategy = fedavg("skip")
+    strategy.train_messages([0], RecordDict(), "train")
+    with pytest.raises(ClientFailure, match="no client left"):
+        strategy.aggregate_train(1, [])
+
+
+def test_unknown_failure_policy_is_rejected():
+    with pytest.raises(ValueError, match="server.on_client_error='retry' is invalid"):
+        FederatedStrategy.__init__(FedAvg.__new__(FedAvg), rng=np.random.default_rng(0), on_client_error="retry")

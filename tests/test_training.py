@@ -1,0 +1,326 @@
+"""Local training and evaluation: learning, proximal pull, mixup, determinism, metrics, bad input."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from client.evaluation import evaluate, per_sample_loss, predict_proba
+from client.training import TrainConfig, train_local
+from data.client_data import IndexedImages
+from data.errors import ConfigError
+from data.transforms import BatchTransform, TransformSpec
+from models import build_model
+
+N_TRAIN = 300
+FAST = TrainConfig(lr=0.05, epochs=3)
+# mean 0 and std 1/255 make the normalised input the raw pixel value, for hand-checkable cases.
+RAW = ((0.0,), (1 / 255,))
+
+
+@pytest.fixture(scope="module")
+def local(digits):
+    """A small local training set, the test split, and train/eval transforms for digits."""
+    eval_tf = BatchTransform(TransformSpec(), digits.mean, digits.std, train=False)
+    train_tf = BatchTransform(TransformSpec(), digits.mean, digits.std, train=True)
+    train = (digits.train.images[:N_TRAIN], digits.train.labels[:N_TRAIN])
+    test = (digits.test.images, digits.test.labels)
+    return train, test, train_tf, eval_tf
+
+
+def _shifting(digits) -> BatchTransform:
+    """A random shift of up to one pixel: augmentation that must draw from the generator."""
+    return BatchTransform(TransformSpec(crop=8, pad=1), digits.mean, digits.std, train=True)
+
+
+def _model(seed: int = 0) -> nn.Module:
+    torch.manual_seed(seed)
+    return build_model("small_cnn", num_classes=10, in_channels=1, image_size=8)
+
+
+def _bn_model() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Flatten(), nn.Linear(64, 16), nn.BatchNorm1d(16), nn.ReLU(), nn.Linear(16, 10))
+
+
+def _gen(seed: int) -> torch.Generator:
+    return torch.Generator().manual_seed(seed)
+
+
+def _flat(model: nn.Module) -> torch.Tensor:
+    return torch.cat([p.detach().flatten() for p in model.parameters()])
+
+
+def _pixel_model() -> nn.Module:
+    """Logits = the two raw pixels of a (1, 1, 2) image."""
+    model = nn.Sequential(nn.Flatten(), nn.Linear(2, 2))
+    with torch.no_grad():
+        model[1].weight.copy_(torch.eye(2))
+        model[1].bias.zero_()
+    return model
+
+
+def _train(local, cfg: TrainConfig = FAST, seed: int = 0, **kwargs) -> tuple[nn.Module, dict]:
+    (images, labels), _, train_tf, _ = local
+    model = _model()
+    metrics = train_local(model, images, labels, train_tf, cfg, generator=_gen(seed), **kwargs)
+    return model, metrics
+
+
+def test_training_lowers_test_loss_and_raises_accuracy(local) -> None:
+    (images, labels), (test_x, test_y), train_tf, eval_tf = local
+    model = _model()
+    before = evaluate(model, test_x, test_y, eval_tf)
+    metrics = train_local(model, images, labels, train_tf, FAST, generator=_gen(0))
+    after = evaluate(model, test_x, test_y, eval_tf)
+    assert before["accuracy"] < 0.3 and after["accuracy"] > 0.7
+    assert after["loss"] < 0.5 * before["loss"]
+    assert metrics["train_loss"] < before["loss"]
+    assert metrics["num-examples"] == N_TRAIN
+    assert metrics["steps"] == FAST.epochs * math.ceil(N_TRAIN / FAST.batch_size)
+    assert model.training  # the mode it came in
+
+
+def test_last_partial_batch_is_kept_and_a_single_image_batch_skipped_only_with_batchnorm(local) -> None:
+    (images, labels), _, train_tf, _ = local
+    cfg = TrainConfig(lr=0.01, epochs=2, batch_size=10)
+    # 21 images: batches of 10, 10 and 1.
+    plain = train_local(_model(), images[:21], labels[:21], train_tf, cfg, generator=_gen(0))
+    with_bn = train_local(_bn_model(), images[:21], labels[:21], train_tf, cfg, generator=_gen(0))
+    assert plain["steps"] == 2 * 3
+    assert with_bn["steps"] == 2 * 2
+    alone = train_local(_bn_model(), images[:1], labels[:1], train_tf, cfg, generator=_gen(0))
+    assert alone["steps"] == 0 and math.isnan(alone["train_loss"])
+    with pytest.raises(ConfigError, match="batch_size=1 .*BatchNorm"):
+        one_by_one = TrainConfig(lr=0.01, batch_size=1)
+        train_local(_bn_model(), images, labels, train_tf, one_by_one, generator=_gen(0))
+
+
+@pytest.mark.parametrize("norm", ["squared", "l2"])
+def test_proximal_term_keeps_weights_near_the_global_model(local, norm: str) -> None:
+    start = _flat(_model())
+    global_params = [p.detach().clone() for p in _model().parameters()]
+    free, _ = _train(local, TrainConfig(lr=0.05, epochs=3, prox_norm=norm), global_params=global_params)
+    pulled, metrics = _train(
+        local, TrainConfig(lr=0.05, epochs=3, prox_weight=2.0, prox_norm=norm), global_params=global_params
+    )
+    free_distance = float(torch.linalg.vector_norm(_flat(free) - start))
+    pulled_distance = float(torch.linalg.vector_norm(_flat(pulled) - start))
+    assert free_distance > 1.0
+    assert pulled_distance < 0.1 * free_distance
+    assert math.isfinite(metrics["train_loss"])
+    # The anchor is a copy: the caller's tensors are untouched.
+    assert torch.equal(torch.cat([g.flatten() for g in global_params]), start)
+
+
+@pytest.mark.parametrize(
+    ("norm", "pull"), [("squared", lambda d: 2 * d), ("l2", lambda d: d / torch.linalg.vector_norm(d))]
+)
+def test_one_step_follows_cross_entropy_plus_weighted_proximal_gradient(norm: str, pull) -> None:
+    pixels = np.array([[10, 0], [0, 10], [5, 6], [7, 3]], dtype=np.uint8)
+    labels = np.array([0, 1, 0, 0])
+    model = _pixel_model()
+    start = [p.detach().clone() for p in model.parameters()]
+    anchor = [p + 0.5 for p in start]
+    ce = F.cross_entropy(model(torch.from_numpy(pixels).float()), torch.from_numpy(labels))
+    ce_grad = torch.cat([g.flatten() for g in torch.autograd.grad(ce, list(model.parameters()))])
+    offset = torch.cat([(s - a).flatten() for s, a in zip(start, anchor)])
+    lr, weight = 0.1, 3.0
+    expected = torch.cat([s.flatten() for s in start]) - lr * (ce_grad + weight * pull(offset))
+
+    cfg = TrainConfig(lr=lr, momentum=0.0, epochs=1, batch_size=4, prox_weight=weight, prox_norm=norm)
+    transform = BatchTransform(TransformSpec(), *RAW, train=True)
+    model.eval()
+    images = pixels.reshape(4, 1, 1, 2)
+    train_local(model, images, labels, transform, cfg, generator=_gen(0), global_params=anchor)
+    torch.testing.assert_close(_flat(model), expected)
+    assert not model.training  # the mode it came in
+
+
+def test_proximal_pull_is_towards_the_given_weights_not_the_starting_ones(local) -> None:
+    target = _model(seed=1)
+    cfg = TrainConfig(lr=0.05, epochs=3, prox_weight=5.0)
+    model, _ = _train(local, cfg, global_params=list(target.parameters()))
+    to_target = torch.linalg.vector_norm(_flat(model) - _flat(target))
+    to_start = torch.linalg.vector_norm(_flat(model) - _flat(_model()))
+    assert to_target < 0.5 * to_start
+
+
+def test_mixup_changes_training(local) -> None:
+    plain, plain_metrics = _train(local, TrainConfig(lr=0.05, epochs=1))
+    mixed, mixed_metrics = _train(local, TrainConfig(lr=0.05, epochs=1, mixup_alpha=1.0))
+    assert not torch.equal(_flat(plain), _flat(mixed))
+    # Mixed targets are harder to fit: the training loss stays higher.
+    assert mixed_metrics["train_loss"] > plain_metrics["train_loss"]
+
+
+def test_mixup_pairs_each_image_with_its_own_label(local) -> None:
+    # Beta(a, a) with a tiny a puts lambda at ~0 or ~1: each step then trains on a permutation of the
+    # batch (the partner images, or the images themselves) with its labels, and with full-batch steps
+    # that is plain training. A loss using the wrong labels for either case would differ.
+    (images, labels), _, train_tf, _ = local
+    plain, mixed = _model(), _model()
+    cfg = TrainConfig(lr=0.05, epochs=8, batch_size=100)
+    train_local(plain, images[:100], labels[:100], train_tf, cfg, generator=_gen(0))
+    mixup = TrainConfig(lr=0.05, epochs=8, batch_size=100, mixup_alpha=1e-3)
+    train_local(mixed, images[:100], labels[:100], train_tf, mixup, generator=_gen(0))
+    torch.testing.assert_close(_flat(mixed), _flat(plain), rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("alpha", [0.0, 1.0])
+def test_every_random_choice_comes_from_the_generator(local, digits, alpha: float) -> None:
+    (images, labels), _, _, _ = local
+    cfg = TrainConfig(lr=0.05, epochs=1, mixup_alpha=alpha)
+    runs = []
+    for global_seed, seed in [(1, 7), (2, 7), (1, 8)]:
+        model = _model()
+        # Different global torch/NumPy states must not matter: only the generator does.
+        torch.manual_seed(global_seed)
+        np.random.seed(global_seed)
+        train_local(model, images, labels, _shifting(digits), cfg, generator=_gen(seed))
+        runs.append(_flat(model))
+    assert torch.equal(runs[0], runs[1])
+    assert not torch.equal(runs[0], runs[2])
+
+
+def test_lazy_images_give_the_same_results_as_an_array(local, digits) -> None:
+    # Arrays are copied to the device once; lazy ones (Clothing1M) are read batch by batch.
+    (images, labels), (test_x, test_y), _, eval_tf = local
+    lazy = IndexedImages(np.asarray(images), np.arange(N_TRAIN))
+    cfg = TrainConfig(lr=0.05, epochs=1, mixup_alpha=1.0)
+    array_model, lazy_model = _model(), _model()
+    train_local(array_model, images, labels, _shifting(digits), cfg, generator=_gen(3))
+    train_local(lazy_model, lazy, labels, _shifting(digits), cfg, generator=_gen(3))
+    assert torch.equal(_flat(array_model), _flat(lazy_model))
+    lazy_test = IndexedImages(np.asarray(test_x), np.arange(len(test_y)))
+    from_array = evaluate(array_model, test_x, test_y, eval_tf)
+    from_lazy = evaluate(array_model, lazy_test, test_y, eval_tf)
+    assert from_lazy == pytest.approx(from_array, rel=1e-6)
+
+
+def test_evaluation_metrics_on_a_hand_checkable_case() -> None:
+    pixels = np.array([[10, 0], [0, 10], [5, 6], [7, 3]], dtype=np.uint8)
+    images = pixels.reshape(4, 1, 1, 2)
+    labels = np.array([0, 1, 0, 0])  # argmax is 0, 1, 1, 0: three right
+    transform = BatchTransform(TransformSpec(), *RAW, train=False)
+    model = _pixel_model()
+    logits = pixels.astype(np.float64)
+    expected_loss = np.log(np.exp(logits).sum(axis=1)) - logits[np.arange(4), labels]
+
+    proba = predict_proba(model, images, transform, batch_size=3)
+    np.testing.assert_allclose(proba, np.exp(logits) / np.exp(logits).sum(axis=1, keepdims=True), rtol=1e-5)
+    losses = per_sample_loss(model, images, labels, transform, batch_size=3)
+    np.testing.assert_allclose(losses, expected_loss, atol=1e-5)
+    metrics = evaluate(model, images, labels, transform, batch_size=3)
+    assert metrics["accuracy"] == pytest.approx(0.75)
+    assert metrics["loss"] == pytest.approx(expected_loss.mean(), abs=1e-5)
+    assert metrics["num-examples"] == 4
+
+
+def test_evaluation_on_real_data_is_consistent_and_batch_size_free(local) -> None:
+    _, (test_x, test_y), _, eval_tf = local
+    model = _model()
+    model.train()  # evaluation must switch to eval mode itself and restore this one
+    proba = predict_proba(model, test_x, eval_tf, batch_size=64)
+    losses = per_sample_loss(model, test_x, test_y, eval_tf, batch_size=64)
+    metrics = evaluate(model, test_x, test_y, eval_tf, batch_size=100)  # 360 = 3 x 100 + a partial 60
+    assert proba.shape == (len(test_y), 10) and losses.shape == (len(test_y),)
+    np.testing.assert_allclose(proba.sum(axis=1), 1.0, atol=1e-5)
+    assert metrics["loss"] == pytest.approx(float(losses.mean(dtype=np.float64)), rel=1e-6)
+    assert metrics["accuracy"] == pytest.approx(float((proba.argmax(axis=1) == test_y).mean()))
+    assert metrics["num-examples"] == len(test_y)
+    assert model.training
+
+
+def test_batchnorm_model_evaluates_in_eval_mode(local) -> None:
+    # In train mode a batch of one would fail in BatchNorm1d, and outputs would depend on the batch.
+    _, (test_x, _), _, eval_tf = local
+    model = _bn_model()
+    np.testing.assert_allclose(
+        predict_proba(model, test_x, eval_tf, batch_size=1), predict_proba(model, test_x, eval_tf), atol=1e-6
+    )
+
+
+def test_evaluation_rejects_a_training_transform_and_bad_labels(local) -> None:
+    _, (test_x, test_y), train_tf, eval_tf = local
+    with pytest.raises(ConfigError, match="train=False"):
+        evaluate(_model(), test_x, test_y, train_tf)
+    with pytest.raises(ConfigError, match=r"shape \(359,\)"):
+        evaluate(_model(), test_x, test_y[:-1], eval_tf)
+    with pytest.raises(ConfigError, match="label 10 .* 10 outputs"):
+        per_sample_loss(_model(), test_x, np.full(len(test_y), 10), eval_tf)
+    with pytest.raises(ConfigError, match="batch_size=0"):
+        predict_proba(_model(), test_x, eval_tf, batch_size=0)
+
+
+def test_training_rejects_bad_labels_before_changing_the_model(local) -> None:
+    (images, labels), _, train_tf, _ = local
+    bad_cases = [(labels[:-1], r"shape \(299,\)"), (labels - 1, "label -1"), (labels + 1, "label 10 ")]
+    for bad, message in bad_cases:
+        model = _model()
+        before = _flat(model)
+        with pytest.raises(ConfigError, match=message):
+            train_local(model, images, bad, train_tf, FAST, generator=_gen(0))
+        assert torch.equal(_flat(model), before)
+
+
+def test_prox_weight_needs_matching_global_params(local) -> None:
+    (images, labels), _, train_tf, _ = local
+    cfg = TrainConfig(lr=0.05, prox_weight=1.0)
+    model = _model()
+    before = _flat(model)
+    with pytest.raises(ConfigError, match="prox_weight > 0 needs global_params"):
+        train_local(model, images, labels, train_tf, cfg, generator=_gen(0))
+    params = [p.detach().clone() for p in model.parameters()]
+    with pytest.raises(ConfigError, match="global_params has 7 tensors but the model has 8"):
+        train_local(model, images, labels, train_tf, cfg, generator=_gen(0), global_params=params[:-1])
+    with pytest.raises(ConfigError, match=r"global_params\[0\] has shape \(32, 1, 3\)"):
+        wrong_shape = [params[0][..., 0], *params[1:]]
+        train_local(model, images, labels, train_tf, cfg, generator=_gen(0), global_params=wrong_shape)
+    assert torch.equal(_flat(model), before)
+
+
+def test_train_config_from_mapping_accepts_the_fields() -> None:
+    cfg = TrainConfig.from_mapping({"lr": 0.01, "epochs": 2, "mixup_alpha": 1, "prox_norm": "l2"})
+    assert cfg == TrainConfig(lr=0.01, epochs=2, mixup_alpha=1, prox_norm="l2")
+    assert (cfg.momentum, cfg.weight_decay, cfg.batch_size, cfg.prox_weight) == (0.5, 0.0, 10, 0.0)
+
+
+@pytest.mark.parametrize(
+    ("key", "value"),
+    [
+        ("lr", 0.0),
+        ("lr", -1),
+        ("lr", math.inf),
+        ("lr", "0.1"),
+        ("lr", True),
+        ("momentum", 1.0),
+        ("momentum", -0.1),
+        ("weight_decay", -1e-4),
+        ("epochs", 0),
+        ("epochs", 1.5),
+        ("batch_size", 0),
+        ("mixup_alpha", -1.0),
+        ("prox_weight", math.nan),
+        ("prox_weight", -0.5),
+        ("prox_norm", "l1"),
+    ],
+)
+def test_train_config_rejects_each_bad_value_naming_it(key: str, value) -> None:
+    mapping = {"lr": 0.01, key: value}
+    with pytest.raises(ConfigError, match=f"^train.{key}={value!r} is invalid: allowed"):
+        TrainConfig.from_mapping(mapping)
+
+
+def test_train_config_rejects_unknown_and_missing_keys() -> None:
+    with pytest.raises(ConfigError, match=r"unknown keys \['decay', 'lrr'\].*allowed are \['lr'"):
+        TrainConfig.from_mapping({"lr": 0.01, "lrr": 0.1, "decay": 0.0})
+    with pytest.raises(ConfigError, match="train.lr is missing"):
+        TrainConfig.from_mapping({"epochs": 2})
+    with pytest.raises(ConfigError, match="allowed is a mapping"):
+        TrainConfig.from_mapping([("lr", 0.01)])
