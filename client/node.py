@@ -1,8 +1,10 @@
 """What a client node holds for a run: its partition's data, transforms, device, and a model factory.
 
 Simulation: the node's ``partition-id`` (from Flower's node config) selects its slice of the scene
-in ``<out_dir>/scene.npz``. Loading is cached per process: Ray keeps client actors alive between
-messages, so a simulated client reads its data once, not once per round.
+in ``<out_dir>/scene.npz``. Deployment: the node's ``data-path`` names its own local data file
+(data.local_file), whose meta carries the partition id; its data never leaves the node. Loading is
+cached per process: Ray keeps client actors alive between messages, so a simulated client reads its
+data once, not once per round.
 """
 
 from __future__ import annotations
@@ -19,12 +21,14 @@ from client.setup import configured_model, configured_transforms, resolve_device
 from conf import RUN_CONFIG_KEY, compose_from_run_config
 from data.client_data import ClientData, client_data
 from data.errors import ConfigError
+from data.local_file import read_local_file
 from data.scene import SCENE_FILE, Scene, load_configured_dataset
 from data.seeding import rng_for
 from data.sources.base import Dataset
 from data.transforms import BatchTransform
 
 PARTITION_ID_KEY = "partition-id"
+DATA_PATH_KEY = "data-path"
 
 
 @dataclass(frozen=True)
@@ -54,21 +58,51 @@ def _scene(out_dir: str) -> Scene:
     return Scene.load(Path(out_dir) / SCENE_FILE)
 
 
+def _node(cfg: DictConfig, dataset: Dataset, data: ClientData, partition_id: int) -> LocalNode:
+    train_transform, eval_transform = configured_transforms(cfg, dataset)
+    return LocalNode(partition_id, cfg, dataset, data, train_transform, eval_transform,
+                     resolve_device(cfg.client.device))
+
+
 @functools.lru_cache(maxsize=256)
-def _load(overrides: str, partition_id: int) -> LocalNode:
+def _load_partition(overrides: str, partition_id: int) -> LocalNode:
     cfg = compose_from_run_config({RUN_CONFIG_KEY: overrides})
     torch.set_num_threads(max(1, int(cfg.simulation.num_cpus_per_client)))
     dataset = load_configured_dataset(cfg)
-    train_transform, eval_transform = configured_transforms(cfg, dataset)
-    return LocalNode(partition_id, cfg, dataset, client_data(_scene(cfg.out_dir), dataset, partition_id),
-                     train_transform, eval_transform, resolve_device(cfg.client.device))
+    return _node(cfg, dataset, client_data(_scene(cfg.out_dir), dataset, partition_id), partition_id)
+
+
+@functools.lru_cache(maxsize=4)
+def _load_file(overrides: str, data_path: str) -> LocalNode:
+    cfg = compose_from_run_config({RUN_CONFIG_KEY: overrides})
+    dataset, data, partition_id = read_local_file(data_path)
+    # Transforms and the model's shape come from the run's dataset config: the file must be that data.
+    if dataset.name != cfg.dataset.name or dataset.num_classes != cfg.dataset.num_classes:
+        raise ConfigError(
+            f"local data file {data_path} holds {dataset.name} with {dataset.num_classes} classes, but the run "
+            f"is configured for dataset={cfg.dataset.name} with {cfg.dataset.num_classes} classes"
+        )
+    return _node(cfg, dataset, data, partition_id)
 
 
 def load_node(context: Context) -> LocalNode:
-    """This node's data and settings for the run described by ``context``."""
-    if PARTITION_ID_KEY not in context.node_config:
-        raise ConfigError(
-            f"node_config has no {PARTITION_ID_KEY!r} (got {dict(context.node_config)}); "
-            "start the SuperNode with --node-config 'partition-id=K'"
-        )
-    return _load(str(context.run_config.get(RUN_CONFIG_KEY, "")), int(context.node_config[PARTITION_ID_KEY]))
+    """This node's data and settings for the run described by ``context``: from its local data file
+    when node_config has ``data-path``, else its ``partition-id``'s slice of the simulation scene."""
+    overrides = str(context.run_config.get(RUN_CONFIG_KEY, ""))
+    node_config = context.node_config
+    if DATA_PATH_KEY in node_config:
+        node = _load_file(overrides, str(Path(str(node_config[DATA_PATH_KEY])).expanduser().absolute()))
+        if PARTITION_ID_KEY in node_config and int(node_config[PARTITION_ID_KEY]) != node.partition_id:
+            raise ConfigError(
+                f"node_config {PARTITION_ID_KEY}={node_config[PARTITION_ID_KEY]} disagrees with the partition id "
+                f"{node.partition_id} in {DATA_PATH_KEY}={node_config[DATA_PATH_KEY]}; drop {PARTITION_ID_KEY} "
+                "or make them agree"
+            )
+        return node
+    if PARTITION_ID_KEY in node_config:
+        return _load_partition(overrides, int(node_config[PARTITION_ID_KEY]))
+    raise ConfigError(
+        f"node_config has neither {DATA_PATH_KEY!r} nor {PARTITION_ID_KEY!r} (got {dict(node_config)}); start a "
+        f"deployed SuperNode with --node-config '{DATA_PATH_KEY}=\"/path/to/client_K.npz\"' (its local data "
+        f"file), or give a simulated node '{PARTITION_ID_KEY}=K'"
+    )

@@ -40,5 +40,7 @@ def write_npz(path: str | os.PathLike, arrays: Mapping[str, np.ndarray]) -> None
 
 def read_npz(path: str | os.PathLike) -> dict[str, np.ndarray]:
     """Every array in ``path``; raises ``ValueError``/``OSError``/``zipfile.BadZipFile`` if unreadable."""
+    if not zipfile.is_zipfile(path):  # np.load would also accept a bare .npy or a pickle
+        raise ValueError(f"{path} is not an .npz (zip) file")
     with np.load(path, allow_pickle=False) as archive:
         return {name: archive[name] for name in archive.files}

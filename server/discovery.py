@@ -13,6 +13,7 @@ from flwr.app import Message, MessageType, RecordDict
 from flwr.serverapp import Grid
 
 from strategies.federation import Federation
+from strategies.utils import short_reason
 
 log = logging.getLogger(__name__)
 
@@ -49,14 +50,22 @@ def discover(grid: Grid, expected: int, wait_timeout: float, reply_timeout: floa
     for reply in replies:
         node = reply.metadata.src_node_id
         if reply.has_error():
-            problems.append(f"node {node} failed the info query: {reply.error.reason}")
+            log.debug("node %d failed the info query with:\n%s", node, reply.error.reason)
+            problems.append(f"node {node} failed the info query: {short_reason(reply.error.reason)}")
             continue
-        info = reply.content["info"]
-        pid = int(info["partition-id"])
+        try:
+            info = reply.content["info"]
+            pid, size = int(info["partition-id"]), int(info["num-examples"])
+        except (KeyError, ValueError, TypeError) as err:
+            problems.append(f"node {node} sent no usable partition-id/num-examples ({err!r})")
+            continue
+        if not 0 <= pid < expected:
+            problems.append(f"node {node} reports partition {pid}, outside 0..{expected - 1} (num_clients={expected})")
+            continue
         if pid in node_of:
             problems.append(f"nodes {node_of[pid]} and {node} both hold partition {pid}")
         node_of[pid] = node
-        num_examples[pid] = int(info["num-examples"])
+        num_examples[pid] = size
     if len(replies) < len(nodes):
         problems.append(f"{len(nodes) - len(replies)} node(s) did not answer the info query in time")
     missing = sorted(set(range(expected)) - set(node_of))
@@ -65,5 +74,4 @@ def discover(grid: Grid, expected: int, wait_timeout: float, reply_timeout: floa
     if problems:
         raise DiscoveryError("; ".join(problems))
     log.info("discovered %d clients holding %d training samples", len(node_of), sum(num_examples.values()))
-    return Federation(node_of={pid: node_of[pid] for pid in range(expected)},
-                      num_examples={pid: num_examples[pid] for pid in range(expected)})
+    return Federation(node_of=dict(sorted(node_of.items())), num_examples=dict(sorted(num_examples.items())))

@@ -13,6 +13,7 @@ from flwr.serverapp.strategy import Strategy
 
 from data.errors import ConfigError
 from strategies.federation import Federation
+from strategies.utils import short_reason
 
 log = logging.getLogger(__name__)
 
@@ -84,7 +85,8 @@ class FederatedStrategy(Strategy):
         for reply in replies:
             pid = self.federation.partition_of(reply.metadata.src_node_id)
             if reply.has_error():
-                failed[pid] = f"client {pid} failed: {reply.error.reason}"
+                log.debug("client %d failed with:\n%s", pid, reply.error.reason)
+                failed[pid] = f"client {pid} failed: {short_reason(reply.error.reason)}"
             else:
                 good[pid] = reply.content
         for pid in self._sent:

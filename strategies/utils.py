@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 
 import numpy as np
@@ -40,3 +41,12 @@ def sample_clients(rng: np.random.Generator, population: Sequence[int], count: i
     if count > len(population):
         raise ConfigError(f"cannot sample {count} clients from {len(population)}")
     return sorted(int(pid) for pid in rng.choice(np.asarray(population), size=count, replace=False))
+
+
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+
+
+def short_reason(reason: str) -> str:
+    """The last line of a client error (its exception), without the Ray traceback and colour codes."""
+    lines = [line.strip() for line in _ANSI.sub("", reason).splitlines() if line.strip()]
+    return lines[-1] if lines else "(no reason given)"

@@ -158,3 +158,10 @@ def test_cli_contract_writes_reuses_refuses_and_plots(tmp_path):
     bad = run_cli("dataset=digits", "noise.rho=2", f"out_dir={tmp_path / 'bad'}")
     assert bad.returncode == 2 and "noise.rho=2 is invalid" in bad.stderr
     assert not (tmp_path / "bad").exists()
+
+
+def test_a_bare_npy_file_is_not_a_scene(tmp_path):
+    with open(tmp_path / SCENE_FILE, "wb") as out:
+        np.save(out, np.arange(5))
+    with pytest.raises(SceneError, match="is corrupt .*not an .npz"):
+        Scene.load(tmp_path / SCENE_FILE)

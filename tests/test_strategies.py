@@ -6,7 +6,7 @@ from flwr.app import Array, ArrayRecord, ConfigRecord, Error, Message, Metadata,
 from strategies.base import ClientFailure, FederatedStrategy
 from strategies.fedavg import FedAvg
 from strategies.federation import Federation
-from strategies.utils import round_size, sample_clients, weighted_average
+from strategies.utils import round_size, sample_clients, short_reason, weighted_average
 
 @pytest.fixture(autouse=True)
 def server_identity(monkeypatch):
@@ -129,3 +129,10 @@ def test_skip_policy_still_fails_when_nobody_is_left():
 def test_unknown_failure_policy_is_rejected():
     with pytest.raises(ValueError, match="server.on_client_error='retry' is invalid"):
         FederatedStrategy.__init__(FedAvg.__new__(FedAvg), rng=np.random.default_rng(0), on_client_error="retry")
+
+
+def test_short_reason_keeps_the_exception_line_of_a_ray_traceback():
+    reason = "\x1b[36m(ClientAppActor pid=1)\x1b[0m Traceback (most recent call last):\n  File \"x.py\", line 3\n" \
+             "ValueError: disk on fire\n\n"
+    assert short_reason(reason) == "ValueError: disk on fire"
+    assert short_reason("") == "(no reason given)"

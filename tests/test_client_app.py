@@ -1,0 +1,84 @@
+"""The ClientApp handlers called as Flower calls them: a Message and a Context in, a reply out."""
+
+import numpy as np
+import pytest
+from flwr.app import ArrayRecord, ConfigRecord, Context, Message, Metadata, RecordDict
+
+from client import app as client_app
+from conf import compose_config
+from data.scene import prepare_scene
+from server.run import initial_arrays
+
+TRAIN = {"lr": 0.05, "momentum": 0.5, "weight_decay": 0.0, "epochs": 1, "batch_size": 16,
+         "mixup_alpha": 0.0, "prox_weight": 0.0, "prox_norm": "squared"}
+
+
+@pytest.fixture(autouse=True)
+def node_identity(monkeypatch):
+    """Replies are stamped with the identity Flower gives a ClientApp process."""
+    from flwr.supercore.task_identity import TaskIdentity
+
+    for attribute, value in (("_run_id", 1), ("_task_id", 2), ("_node_id", 77)):
+        monkeypatch.setattr(TaskIdentity, attribute, value)
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("client-app")
+    overrides = f"experiment=smoke out_dir={out}"
+    cfg = compose_config(overrides.split())
+    scene, dataset, _ = prepare_scene(cfg)
+    return overrides, scene, initial_arrays(cfg, dataset)
+
+
+def incoming(content: RecordDict, message_type: str) -> Message:
+    metadata = Metadata(run_id=1, message_id="m1", src_node_id=1, dst_node_id=77, reply_to_message_id="",
+                        group_id="", created_at=0.0, ttl=600.0, message_type=message_type)
+    return Message(content=content, metadata=metadata)
+
+
+def context(overrides: str, pid: int) -> Context:
+    return Context(run_id=1, node_id=77, node_config={"partition-id": pid}, state=RecordDict(),
+                   run_config={"overrides": overrides})
+
+
+def test_info_reports_partition_and_size(run):
+    overrides, scene, _ = run
+    reply = client_app.info(incoming(RecordDict(), "query.info"), context(overrides, 4))
+    assert reply.content["info"]["partition-id"] == 4
+    assert reply.content["info"]["num-examples"] == scene.client_sizes()[4]
+
+
+def test_train_returns_new_arrays_and_metrics(run):
+    overrides, scene, arrays = run
+    content = RecordDict({"arrays": arrays, "config": ConfigRecord({**TRAIN, "server-round": 1})})
+    reply = client_app.train(incoming(content, "train"), context(overrides, 2))
+    metrics = reply.content["metrics"]
+    assert metrics["num-examples"] == scene.client_sizes()[2] and metrics["steps"] > 0
+    before, after = arrays.to_torch_state_dict(), reply.content["arrays"].to_torch_state_dict()
+    assert before.keys() == after.keys()
+    assert any(not np.allclose(before[k].numpy(), after[k].numpy()) for k in before)
+    again = client_app.train(incoming(content, "train"), context(overrides, 2))
+    assert all(np.array_equal(after[k].numpy(), v.numpy()) for k, v in again.content["arrays"].to_torch_state_dict().items()), \
+        "same round, same client: same update"
+
+
+def test_evaluate_scores_the_local_set(run):
+    overrides, _, arrays = run
+    reply = client_app.evaluate(incoming(RecordDict({"arrays": arrays}), "evaluate"), context(overrides, 0))
+    metrics = reply.content["metrics"]
+    assert 0.0 <= metrics["accuracy"] <= 1.0 and metrics["loss"] > 0
+
+
+def test_bad_train_config_is_a_clear_error(run):
+    overrides, _, arrays = run
+    content = RecordDict({"arrays": arrays, "config": ConfigRecord({**TRAIN, "lr": -1.0, "server-round": 1})})
+    with pytest.raises(ValueError, match="lr=-1.0 is invalid"):
+        client_app.train(incoming(content, "train"), context(overrides, 0))
+
+
+def test_a_node_without_partition_is_a_clear_error(run):
+    overrides, _, _ = run
+    bare = Context(run_id=1, node_id=77, node_config={}, state=RecordDict(), run_config={"overrides": overrides})
+    with pytest.raises(ValueError, match="partition-id"):
+        client_app.info(incoming(RecordDict(), "query.info"), bare)
