@@ -29,7 +29,7 @@ from omegaconf import OmegaConf  # noqa: E402
 
 import sim  # noqa: E402
 from client.node import load_node  # noqa: E402
-from client.update import local_update  # noqa: E402
+from client.update import cpu_state, local_update  # noqa: E402
 from conf import compose_config  # noqa: E402
 from data.scene import prepare_scene  # noqa: E402
 from data.seeding import rng_for  # noqa: E402
@@ -57,8 +57,8 @@ def plain_loop(cfg, overrides: list[str]) -> tuple[float, list[float]]:
         for pid in strategy.sample():
             context = Context(run_id=1, node_id=pid, node_config={"partition-id": pid}, state=RecordDict(),
                               run_config=run_config)
-            new_state, metrics = local_update(load_node(context), state, train_config, server_round)
-            states.append({key: value.numpy() for key, value in new_state.items()})
+            model, metrics = local_update(load_node(context), state, train_config, server_round)
+            states.append({key: value.numpy() for key, value in cpu_state(model).items()})
             weights.append(metrics["num-examples"])
         state = {key: torch.from_numpy(value) for key, value in weighted_average(states, weights).items()}
         accuracies.append(evaluator(ArrayRecord(state))["accuracy"])

@@ -1,19 +1,43 @@
 """The Flower ClientApp: ``clientapp = "client.app:app"`` in pyproject.toml.
 
 Handlers only translate messages; the work happens in plain functions (``client.update``,
-``client.training``, ``client.evaluation``) that are tested without Flower.
+``client.training``, ``client.evaluation``, ``client.lid``, ``client.correction``) that are tested
+without Flower. Protocol (see DESIGN.md):
+
+- ``query.info`` -> {"info": {partition-id, num-examples}}
+- ``train`` {"arrays", "config": TrainConfig keys + server-round [+ compute-lid, lid-k]}
+  -> {"arrays", "metrics": {train_loss, num-examples, steps [, lid]}}; trains on the current
+  (possibly corrected) labels.
+- ``evaluate`` {"arrays"} -> {"metrics": {loss, accuracy, num-examples}} on the local set.
+- ``query.correct`` {"arrays", "config": {mode: stage1|stage2, pi, theta, relabel, seed, diagnostics}}
+  -> {"metrics": {mu_hat, n_relabeled [, ground-truth diagnostics]}}; keeps the new labels.
 """
 
 from __future__ import annotations
 
+import numpy as np
 from flwr.app import ArrayRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
+from client.correction import loss_split, stage1_relabel, stage2_relabel
 from client.evaluation import evaluate as evaluate_model
-from client.node import load_node
-from client.update import local_update
+from client.evaluation import predict_proba
+from client.label_state import current_labels, store_labels
+from client.lid import lid_score
+from client.node import LocalNode, load_node
+from client.update import cpu_state, local_update
+from data.seeding import rng_for
 
 app = ClientApp()
+
+# Train-config keys that steer the client but are not local-SGD settings.
+_LID_KEYS = ("compute-lid", "lid-k")
+
+
+def _global_model(message: Message, node: LocalNode):
+    model = node.new_model()
+    model.load_state_dict(message.content["arrays"].to_torch_state_dict())
+    return model
 
 
 @app.query("info")
@@ -26,20 +50,70 @@ def info(message: Message, context: Context) -> Message:
 
 @app.train()
 def train(message: Message, context: Context) -> Message:
-    """Local SGD from the global arrays on this node's (noisy) labels."""
+    """Local SGD from the global arrays on this node's current labels; FedCorr's stage 1 also asks
+    for the LID score of the trained model's predictions on the local set."""
+    node = load_node(context)
     config = dict(message.content["config"])
     server_round = int(config.pop("server-round"))
-    state, metrics = local_update(load_node(context), message.content["arrays"].to_torch_state_dict(),
-                                  config, server_round)
-    return Message(RecordDict({"arrays": ArrayRecord(state), "metrics": MetricRecord(metrics)}), reply_to=message)
+    lid = {key: config.pop(key) for key in _LID_KEYS if key in config}
+    model, metrics = local_update(node, message.content["arrays"].to_torch_state_dict(), config, server_round,
+                                  labels=current_labels(context, node))
+    if lid.get("compute-lid"):
+        probabilities = predict_proba(model, node.data.images, node.eval_transform, device=node.device)
+        metrics["lid"] = lid_score(probabilities, k=int(lid.get("lid-k", 20)))
+    return Message(RecordDict({"arrays": ArrayRecord(cpu_state(model)), "metrics": MetricRecord(metrics)}),
+                   reply_to=message)
 
 
 @app.evaluate()
 def evaluate(message: Message, context: Context) -> Message:
     """Score the global arrays on this node's local set (its current labels)."""
     node = load_node(context)
-    model = node.new_model()
-    model.load_state_dict(message.content["arrays"].to_torch_state_dict())
-    scores = evaluate_model(model, node.data.images, node.data.labels,
+    scores = evaluate_model(_global_model(message, node), node.data.images, current_labels(context, node),
                             node.eval_transform, device=node.device)
     return Message(RecordDict({"metrics": MetricRecord(scores)}), reply_to=message)
+
+
+def _diagnostics(node: LocalNode, before: np.ndarray, after: np.ndarray) -> dict[str, float]:
+    """Ground-truth label noise before/after and how many changed labels became right. Only a node
+    that knows its true labels (simulation, rehearsal) can compute them; a real node has none."""
+    known = node.data.true_labels >= 0
+    truth = node.data.true_labels
+    changed = known & (before != after)
+    return {
+        "known": int(known.sum()),
+        "wrong-before": int(np.sum(known & (before != truth))),
+        "wrong-after": int(np.sum(known & (after != truth))),
+        "changed": int(changed.sum()),
+        "changed-correct": int(np.sum(changed & (after == truth))),
+    }
+
+
+@app.query("correct")
+def correct(message: Message, context: Context) -> Message:
+    """FedCorr's label correction with the global model (paper Sec. 3.2 step 2-3, Sec. 3.3)."""
+    node = load_node(context)
+    config = message.content["config"]
+    labels = current_labels(context, node)
+    probabilities = predict_proba(_global_model(message, node), node.data.images, node.eval_transform,
+                                  device=node.device)
+    if config["mode"] == "stage1":
+        losses = -np.log(np.clip(probabilities[np.arange(labels.size), labels], 1e-12, None))
+        seed = int(rng_for(int(config["seed"]), f"loss-gmm/{node.partition_id}").integers(2**31))
+        noisy = loss_split(losses, seed)
+        new, mu_hat, _ = stage1_relabel(labels, losses, probabilities, noisy,
+                                        pi=float(config["pi"]), theta=float(config["theta"]))
+    elif config["mode"] == "stage2":
+        new, _ = stage2_relabel(labels, probabilities, theta=float(config["theta"]))
+        mu_hat = None
+    else:
+        raise ValueError(f"query.correct mode={config['mode']!r} is invalid: allowed are stage1, stage2")
+    if not config["relabel"]:
+        new = labels
+    store_labels(context, new)
+    metrics = {"n_relabeled": int(np.sum(new != labels))}
+    if mu_hat is not None:
+        metrics["mu_hat"] = mu_hat
+    if config["diagnostics"] and (node.data.true_labels >= 0).any():
+        metrics.update(_diagnostics(node, labels, new))
+    return Message(RecordDict({"metrics": MetricRecord(metrics)}), reply_to=message)

@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+import numpy as np
 import torch
 
 from client.node import LocalNode
@@ -16,16 +17,27 @@ from client.training import TrainConfig, train_local
 
 
 def local_update(
-    node: LocalNode, global_state: Mapping[str, torch.Tensor], config: Mapping[str, Any], server_round: int
-) -> tuple[dict[str, torch.Tensor], dict[str, float]]:
-    """Train from ``global_state`` on the node's labels with ``config`` (TrainConfig keys).
+    node: LocalNode,
+    global_state: Mapping[str, torch.Tensor],
+    config: Mapping[str, Any],
+    server_round: int,
+    labels: np.ndarray | None = None,
+) -> tuple[torch.nn.Module, dict[str, float]]:
+    """Train from ``global_state`` with ``config`` (TrainConfig keys) on ``labels`` (default: the
+    node's own labels; FedCorr passes the corrected ones).
 
-    Returns the trained state (CPU tensors) and the training metrics (``num-examples`` included).
+    Returns the trained model and the training metrics (``num-examples`` included).
     """
     settings = TrainConfig.from_mapping(config)
     model = node.new_model()
     model.load_state_dict(global_state)
     anchor = [p.detach().clone() for p in model.parameters()] if settings.prox_weight > 0 else None
-    metrics = train_local(model, node.data.images, node.data.labels, node.train_transform, settings,
-                          generator=node.generator(server_round), device=node.device, global_params=anchor)
-    return {key: value.detach().cpu() for key, value in model.state_dict().items()}, metrics
+    metrics = train_local(model, node.data.images, node.data.labels if labels is None else labels,
+                          node.train_transform, settings, generator=node.generator(server_round),
+                          device=node.device, global_params=anchor)
+    return model, metrics
+
+
+def cpu_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """The model's state as CPU tensors, ready to be sent."""
+    return {key: value.detach().cpu() for key, value in model.state_dict().items()}

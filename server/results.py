@@ -92,6 +92,16 @@ class ResultsWriter:
         self._write(complete=False)
         return row
 
+    def write_table(self, name: str, rows: list[dict[str, Any]]) -> None:
+        """A CSV next to results.json with one row per dict (columns: the keys, in first-seen order)."""
+        if not rows:
+            return
+        columns = list(dict.fromkeys(key for row in rows for key in row))
+        with open(self.dir / name, "w", newline="") as out:
+            writer = csv.DictWriter(out, fieldnames=columns)
+            writer.writeheader()
+            writer.writerows(rows)
+
     def finish(self, **extra: Any) -> dict[str, Any]:
         """Mark the run complete, adding method-specific blocks (e.g. ``fedcorr={...}``)."""
         self.extra.update(extra)

@@ -18,6 +18,7 @@ from server.discovery import discover
 from server.evaluation import CentralEvaluator
 from server.progress import Progress
 from server.results import ResultsWriter
+from strategies.fedcorr_metrics import GroundTruth
 from strategies.registry import build_strategy
 
 log = logging.getLogger(__name__)
@@ -33,11 +34,11 @@ def run_server(grid: Grid, cfg: DictConfig) -> dict[str, Any]:
     """Run the configured strategy over the nodes of ``grid``; returns the final results payload."""
     check_run_config(cfg)
     results = ResultsWriter(cfg.out_dir, OmegaConf.to_container(cfg, resolve=True))
-    _, dataset, _ = prepare_scene(cfg)
-    strategy = build_strategy(cfg, rng_for(cfg.seed, "client-sampling"))
+    scene, dataset, _ = prepare_scene(cfg)
+    strategy = build_strategy(cfg, rng_for(cfg.seed, "client-sampling"), GroundTruth.from_scene(scene))
     strategy.bind(discover(grid, cfg.num_clients, cfg.server.node_wait_timeout, cfg.server.round_timeout))
     evaluator = CentralEvaluator(cfg, dataset)
-    num_rounds = int(cfg.strategy.num_rounds)
+    num_rounds = strategy.planned_rounds()
     progress = Progress(num_rounds)
 
     def after_round(server_round: int, arrays: ArrayRecord) -> MetricRecord | None:
@@ -61,4 +62,7 @@ def run_server(grid: Grid, cfg: DictConfig) -> dict[str, Any]:
         train_config=ConfigRecord(OmegaConf.to_container(cfg.strategy.train)),
         evaluate_fn=after_round,
     )
-    return results.finish()
+    extra = strategy.extra_results()
+    for name, block in extra.items():
+        results.write_table(f"{name}_clients.csv", block.get("clients", []))
+    return results.finish(**extra)

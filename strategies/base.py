@@ -6,9 +6,11 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 from flwr.app import Message, RecordDict
+from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Strategy
 
 from data.errors import ConfigError
@@ -36,15 +38,20 @@ class RoundInfo:
 
 
 class FederatedStrategy(Strategy):
-    """Base class: subclasses implement Flower's ``configure_train``/``aggregate_train`` using
-    ``train_messages`` and ``collect_replies`` below, and call ``record_round`` once per round.
+    """Base class: subclasses implement Flower's ``configure_train``/``aggregate_train`` (or their own
+    ``start``) using ``messages``/``exchange`` and ``collect_replies`` below, and call
+    ``record_round`` once per round.
 
     rng: the generator every client-sampling decision draws from (seeded from the run's seed).
     on_client_error: "fail" stops the run when a client raises or times out, naming its
         partition; "skip" drops that client from the round with a warning.
+    history: the round log to append to; a strategy nested in another (FedCorr's stage 3) shares
+        its parent's, so rounds and communication cost run on across stages.
     """
 
-    def __init__(self, *, rng: np.random.Generator, on_client_error: str = "fail") -> None:
+    def __init__(
+        self, *, rng: np.random.Generator, on_client_error: str = "fail", history: list[RoundInfo] | None = None
+    ) -> None:
         if on_client_error not in ON_CLIENT_ERROR:
             raise ConfigError(
                 f"server.on_client_error={on_client_error!r} is invalid: allowed are {', '.join(ON_CLIENT_ERROR)}"
@@ -52,7 +59,7 @@ class FederatedStrategy(Strategy):
         self.rng = rng
         self.on_client_error = on_client_error
         self._federation: Federation | None = None
-        self.history: list[RoundInfo] = []
+        self.history: list[RoundInfo] = [] if history is None else history
         self._sent: list[int] = []
 
     @property
@@ -70,13 +77,25 @@ class FederatedStrategy(Strategy):
         """Client participations so far (the FedCorr paper's communication cost)."""
         return self.history[-1].comm_cost if self.history else 0
 
-    def train_messages(self, partition_ids: list[int], content: RecordDict, message_type: str) -> list[Message]:
-        """One message per client carrying ``content``; remembers whom it was sent to."""
-        self._sent = list(partition_ids)
+    def planned_rounds(self) -> int:
+        """How many rounds the run will take (for progress and the final evaluation)."""
+        raise NotImplementedError
+
+    def extra_results(self) -> dict[str, Any]:
+        """Method-specific blocks for results.json (e.g. FedCorr's detection metrics)."""
+        return {}
+
+    def messages(self, contents: dict[int, RecordDict], message_type: str) -> list[Message]:
+        """One message per client (partition id -> its content); remembers whom it was sent to."""
+        self._sent = list(contents)
         return [
             Message(content=content, message_type=message_type, dst_node_id=self.federation.node_of[pid])
-            for pid in partition_ids
+            for pid, content in contents.items()
         ]
+
+    def exchange(self, grid: Grid, contents: dict[int, RecordDict], message_type: str, timeout: float) -> dict[int, RecordDict]:
+        """Send, wait at most ``timeout`` seconds, and return the replies that pass the failure policy."""
+        return self.collect_replies(grid.send_and_receive(self.messages(contents, message_type), timeout=timeout))
 
     def collect_replies(self, replies: Iterable[Message]) -> dict[int, RecordDict]:
         """Replies by partition id, after applying the failure policy to errors and missing replies."""

@@ -9,7 +9,7 @@ import numpy as np
 from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
 from flwr.serverapp import Grid
 
-from strategies.base import FederatedStrategy
+from strategies.base import FederatedStrategy, RoundInfo
 from strategies.utils import round_size, sample_clients, weighted_average
 
 log = logging.getLogger(__name__)
@@ -31,22 +31,26 @@ class FedAvg(FederatedStrategy):
     """Each round, a fresh uniform sample of clients trains from the global model; the server
     averages all their state arrays (parameters and BatchNorm buffers) weighted by local set size.
 
+    num_rounds: rounds to run.
     fraction: share of all clients sampled per round (at least ``min_clients``).
     min_clients: the smallest round size.
     stage: the stage name written in the round log (FedCorr's stage 3 is "usual").
-    rng, on_client_error: see ``FederatedStrategy``.
+    rng, on_client_error, history: see ``FederatedStrategy``.
     """
 
     def __init__(
         self,
         *,
+        num_rounds: int,
         fraction: float,
         min_clients: int = 1,
         stage: str = "fedavg",
         rng: np.random.Generator,
         on_client_error: str = "fail",
+        history: list[RoundInfo] | None = None,
     ) -> None:
-        super().__init__(rng=rng, on_client_error=on_client_error)
+        super().__init__(rng=rng, on_client_error=on_client_error, history=history)
+        self.num_rounds = num_rounds
         self.fraction = fraction
         self.min_clients = min_clients
         self.stage = stage
@@ -54,6 +58,9 @@ class FedAvg(FederatedStrategy):
     def summary(self) -> None:
         log.info("%s: fraction=%s, min_clients=%s, on_client_error=%s",
                  type(self).__name__, self.fraction, self.min_clients, self.on_client_error)
+
+    def planned_rounds(self) -> int:
+        return self.num_rounds
 
     def sample(self) -> list[int]:
         population = self.federation.partition_ids
@@ -64,7 +71,7 @@ class FedAvg(FederatedStrategy):
     ) -> Iterable[Message]:
         config["server-round"] = server_round
         content = RecordDict({"arrays": arrays, "config": config})
-        return self.train_messages(self.sample(), content, MessageType.TRAIN)
+        return self.messages({pid: content for pid in self.sample()}, MessageType.TRAIN)
 
     def aggregate_train(
         self, server_round: int, replies: Iterable[Message]

@@ -39,7 +39,7 @@ def train_reply(pid: int, weight: np.ndarray, batches: int, n: int, loss: float)
 
 
 def fedavg(on_client_error: str = "fail", fraction: float = 0.5) -> FedAvg:
-    strategy = FedAvg(fraction=fraction, rng=np.random.default_rng(0), on_client_error=on_client_error)
+    strategy = FedAvg(num_rounds=3, fraction=fraction, rng=np.random.default_rng(0), on_client_error=on_client_error)
     strategy.bind(federation())
     return strategy
 
@@ -54,7 +54,7 @@ def test_weighted_average_keeps_dtypes_and_weights_by_examples():
 
 def test_fedavg_aggregates_all_arrays_by_num_examples():
     strategy = fedavg()
-    strategy.train_messages([1, 3], RecordDict(), "train")
+    strategy.messages({pid: RecordDict() for pid in [1, 3]}, "train")
     replies = [train_reply(1, np.array([1.0, 1.0]), 10, 30, 0.5), train_reply(3, np.array([3.0, 5.0]), 20, 10, 1.5)]
     arrays, metrics = strategy.aggregate_train(1, replies)
     assert np.allclose(arrays["w"].numpy(), [1.5, 2.0])  # (30*1 + 10*3)/40, (30*1 + 10*5)/40
@@ -70,7 +70,7 @@ def test_fedavg_aggregation_matches_a_torch_model_average():
         model.train()(torch.randn(8, 3))  # moves the BN running stats
     sizes = [10, 30]
     strategy = fedavg()
-    strategy.train_messages([0, 1], RecordDict(), "train")
+    strategy.messages({pid: RecordDict() for pid in [0, 1]}, "train")
     replies = [reply_from(pid, RecordDict({"arrays": ArrayRecord(m.state_dict()),
                                            "metrics": MetricRecord({"num-examples": n, "train_loss": 0.0})}))
                for pid, m, n in zip([0, 1], models, sizes)]
@@ -103,7 +103,7 @@ def test_sampling_is_seeded_and_uniform():
 
 def test_a_failing_client_stops_the_round_naming_its_partition():
     strategy = fedavg()
-    strategy.train_messages([1, 2], RecordDict(), "train")
+    strategy.messages({pid: RecordDict() for pid in [1, 2]}, "train")
     replies = [train_reply(1, np.zeros(2), 0, 5, 0.1), reply_from(2, error="ValueError: disk on fire")]
     with pytest.raises(ClientFailure, match="client 2 failed: ValueError: disk on fire"):
         strategy.aggregate_train(1, replies)
@@ -111,7 +111,7 @@ def test_a_failing_client_stops_the_round_naming_its_partition():
 
 def test_skip_policy_drops_failed_and_silent_clients(caplog):
     strategy = fedavg("skip")
-    strategy.train_messages([0, 1, 2], RecordDict(), "train")
+    strategy.messages({pid: RecordDict() for pid in [0, 1, 2]}, "train")
     replies = [train_reply(1, np.ones(2), 0, 5, 0.1), reply_from(2, error="boom")]
     arrays, _ = strategy.aggregate_train(1, replies)
     assert np.allclose(arrays["w"].numpy(), 1.0)
@@ -121,7 +121,7 @@ def test_skip_policy_drops_failed_and_silent_clients(caplog):
 
 def test_skip_policy_still_fails_when_nobody_is_left():
     strategy = fedavg("skip")
-    strategy.train_messages([0], RecordDict(), "train")
+    strategy.messages({pid: RecordDict() for pid in [0]}, "train")
     with pytest.raises(ClientFailure, match="no client left"):
         strategy.aggregate_train(1, [])
 

@@ -1,0 +1,1 @@
+"""Numerical helpers shared by the client and the server sides (no Flower, no torch)."""
