@@ -1,7 +1,7 @@
 """What Flower's simulation engine costs: the same FedAvg rounds (same clients, batches and seeds)
 (a) through the Flower simulation on Ray and (b) as a plain sequential PyTorch loop.
 
-    .venv/bin/python bench/overhead.py [--rounds 20] [Hydra overrides, default experiment=fmnist]
+    .venv/bin/python bench/overhead.py [--rounds 20] [Hydra overrides, default experiment=fmnist strategy=fedavg]
 
 The plain loop calls the very functions the ClientApp and the server use (client.update.local_update,
 strategies' FedAvg sampling and averaging, the central evaluator), one client after another with
@@ -68,7 +68,7 @@ def plain_loop(cfg, overrides: list[str]) -> tuple[float, list[float]]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rounds", type=int, default=20)
-    parser.add_argument("overrides", nargs="*", default=["experiment=fmnist"])
+    parser.add_argument("overrides", nargs="*", default=["experiment=fmnist", "strategy=fedavg"])
     args = parser.parse_args()
     overrides = [*args.overrides, f"strategy.num_rounds={args.rounds}", "out_dir=outputs/bench-overhead"]
     cfg = compose_config(overrides)

@@ -2,7 +2,7 @@
 
 import numpy as np
 import pytest
-from flwr.app import ArrayRecord, ConfigRecord, Context, Message, Metadata, RecordDict
+from flwr.app import ConfigRecord, Context, RecordDict
 
 from client import app as client_app
 from conf import compose_config
@@ -11,15 +11,6 @@ from server.run import initial_arrays
 
 TRAIN = {"lr": 0.05, "momentum": 0.5, "weight_decay": 0.0, "epochs": 1, "batch_size": 16,
          "mixup_alpha": 0.0, "prox_weight": 0.0, "prox_norm": "squared"}
-
-
-@pytest.fixture(autouse=True)
-def node_identity(monkeypatch):
-    """Replies are stamped with the identity Flower gives a ClientApp process."""
-    from flwr.supercore.task_identity import TaskIdentity
-
-    for attribute, value in (("_run_id", 1), ("_task_id", 2), ("_node_id", 77)):
-        monkeypatch.setattr(TaskIdentity, attribute, value)
 
 
 @pytest.fixture(scope="module")
@@ -31,53 +22,42 @@ def run(tmp_path_factory):
     return overrides, scene, initial_arrays(cfg, dataset)
 
 
-def incoming(content: RecordDict, message_type: str) -> Message:
-    metadata = Metadata(run_id=1, message_id="m1", src_node_id=1, dst_node_id=77, reply_to_message_id="",
-                        group_id="", created_at=0.0, ttl=600.0, message_type=message_type)
-    return Message(content=content, metadata=metadata)
-
-
-def context(overrides: str, pid: int) -> Context:
-    return Context(run_id=1, node_id=77, node_config={"partition-id": pid}, state=RecordDict(),
-                   run_config={"overrides": overrides})
-
-
-def test_info_reports_partition_and_size(run):
+def test_info_reports_partition_and_size(run, incoming, node_context):
     overrides, scene, _ = run
-    reply = client_app.info(incoming(RecordDict(), "query.info"), context(overrides, 4))
+    reply = client_app.info(incoming(RecordDict(), "query.info"), node_context(overrides, 4))
     assert reply.content["info"]["partition-id"] == 4
     assert reply.content["info"]["num-examples"] == scene.client_sizes()[4]
 
 
-def test_train_returns_new_arrays_and_metrics(run):
+def test_train_returns_new_arrays_and_metrics(run, incoming, node_context):
     overrides, scene, arrays = run
     content = RecordDict({"arrays": arrays, "config": ConfigRecord({**TRAIN, "server-round": 1})})
-    reply = client_app.train(incoming(content, "train"), context(overrides, 2))
+    reply = client_app.train(incoming(content, "train"), node_context(overrides, 2))
     metrics = reply.content["metrics"]
     assert metrics["num-examples"] == scene.client_sizes()[2] and metrics["steps"] > 0
     before, after = arrays.to_torch_state_dict(), reply.content["arrays"].to_torch_state_dict()
     assert before.keys() == after.keys()
     assert any(not np.allclose(before[k].numpy(), after[k].numpy()) for k in before)
-    again = client_app.train(incoming(content, "train"), context(overrides, 2))
+    again = client_app.train(incoming(content, "train"), node_context(overrides, 2))
     assert all(np.array_equal(after[k].numpy(), v.numpy()) for k, v in again.content["arrays"].to_torch_state_dict().items()), \
         "same round, same client: same update"
 
 
-def test_evaluate_scores_the_local_set(run):
+def test_evaluate_scores_the_local_set(run, incoming, node_context):
     overrides, _, arrays = run
-    reply = client_app.evaluate(incoming(RecordDict({"arrays": arrays}), "evaluate"), context(overrides, 0))
+    reply = client_app.evaluate(incoming(RecordDict({"arrays": arrays}), "evaluate"), node_context(overrides, 0))
     metrics = reply.content["metrics"]
     assert 0.0 <= metrics["accuracy"] <= 1.0 and metrics["loss"] > 0
 
 
-def test_bad_train_config_is_a_clear_error(run):
+def test_bad_train_config_is_a_clear_error(run, incoming, node_context):
     overrides, _, arrays = run
     content = RecordDict({"arrays": arrays, "config": ConfigRecord({**TRAIN, "lr": -1.0, "server-round": 1})})
     with pytest.raises(ValueError, match="lr=-1.0 is invalid"):
-        client_app.train(incoming(content, "train"), context(overrides, 0))
+        client_app.train(incoming(content, "train"), node_context(overrides, 0))
 
 
-def test_a_node_without_partition_is_a_clear_error(run):
+def test_a_node_without_partition_is_a_clear_error(run, incoming, node_context):
     overrides, _, _ = run
     bare = Context(run_id=1, node_id=77, node_config={}, state=RecordDict(), run_config={"overrides": overrides})
     with pytest.raises(ValueError, match="partition-id"):

@@ -40,3 +40,21 @@ def test_the_default_out_dir_changes_with_every_scene_setting():
 def test_bad_overrides_are_one_clear_error(override, message):
     with pytest.raises(ConfigError, match=message):
         compose_config([override])
+
+
+@pytest.mark.parametrize("experiment", group_options("experiment"))
+@pytest.mark.parametrize("strategy", group_options("strategy"))
+def test_every_experiment_preset_is_valid_for_every_strategy(experiment, strategy):
+    from server.checks import check_run_config
+
+    check_run_config(compose_config([f"experiment={experiment}", f"strategy={strategy}"]))
+
+
+def test_paper_presets_carry_table_7():
+    cfg = compose_config(["experiment=cifar10", "strategy=fedcorr"])
+    s = cfg.strategy
+    assert (s.t1, s.t2, s.t3, s.theta, s.pi, s.train.lr, s.frac2) == (5, 500, 450, 0.5, 0.5, 0.03, 0.1)
+    assert (cfg.num_clients, cfg.model.name, s.beta, s.lid_k, s.mixup_alpha, s.kappa) == (100, "resnet18", 5.0, 20, 1.0, 0.1)
+    c1m = compose_config(["experiment=clothing1m", "strategy=fedcorr"])
+    assert (c1m.num_clients, c1m.strategy.frac2, c1m.strategy.theta, c1m.strategy.pi, c1m.noise.name) == (
+        500, 0.02, 0.9, 0.8, "none")

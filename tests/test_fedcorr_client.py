@@ -4,7 +4,7 @@ import math
 
 import numpy as np
 import pytest
-from flwr.app import ConfigRecord, Context, Message, Metadata, RecordDict
+from flwr.app import ConfigRecord, Context, RecordDict
 
 from client import app as client_app
 from client import node as client_node
@@ -17,14 +17,6 @@ TRAIN = {"lr": 0.05, "momentum": 0.5, "weight_decay": 0.0, "epochs": 1, "batch_s
          "mixup_alpha": 1.0, "prox_weight": 0.5, "prox_norm": "squared"}
 
 
-@pytest.fixture(autouse=True)
-def node_identity(monkeypatch):
-    from flwr.supercore.task_identity import TaskIdentity
-
-    for attribute, value in (("_run_id", 1), ("_task_id", 2), ("_node_id", 77)):
-        monkeypatch.setattr(TaskIdentity, attribute, value)
-
-
 @pytest.fixture(scope="module")
 def run(tmp_path_factory):
     out = tmp_path_factory.mktemp("fedcorr-client")
@@ -34,53 +26,42 @@ def run(tmp_path_factory):
     return overrides, scene, initial_arrays(cfg, dataset)
 
 
-def incoming(content: RecordDict, message_type: str) -> Message:
-    metadata = Metadata(run_id=1, message_id="m", src_node_id=1, dst_node_id=77, reply_to_message_id="",
-                        group_id="", created_at=0.0, ttl=600.0, message_type=message_type)
-    return Message(content=content, metadata=metadata)
-
-
-def new_context(overrides: str, pid: int) -> Context:
-    return Context(run_id=1, node_id=77, node_config={"partition-id": pid}, state=RecordDict(),
-                   run_config={"overrides": overrides})
-
-
-def correct(context: Context, arrays, **config) -> dict:
+def correct(incoming, context: Context, arrays, **config) -> dict:
     settings = {"mode": "stage1", "pi": 0.5, "theta": 0.5, "relabel": True, "seed": 1, "diagnostics": True, **config}
     content = RecordDict({"arrays": arrays, "config": ConfigRecord(settings)})
     return dict(client_app.correct(incoming(content, "query.correct"), context).content["metrics"])
 
 
-def test_stage1_training_reports_a_finite_lid(run):
+def test_stage1_training_reports_a_finite_lid(run, incoming, node_context):
     overrides, _, arrays = run
     content = RecordDict({"arrays": arrays, "config": ConfigRecord(
         {**TRAIN, "server-round": 1, "compute-lid": True, "lid-k": 20})})
-    metrics = client_app.train(incoming(content, "train"), new_context(overrides, 1)).content["metrics"]
+    metrics = client_app.train(incoming(content, "train"), node_context(overrides, 1)).content["metrics"]
     assert math.isfinite(metrics["lid"]) and metrics["lid"] >= 0
 
 
-def test_stage1_correction_estimates_noise_and_reports_diagnostics(run):
+def test_stage1_correction_estimates_noise_and_reports_diagnostics(run, incoming, node_context):
     overrides, scene, arrays = run
-    metrics = correct(new_context(overrides, 3), arrays)
+    metrics = correct(incoming, node_context(overrides, 3), arrays)
     assert 0.0 <= metrics["mu_hat"] <= 1.0
     assert metrics["known"] == scene.client_sizes()[3]
     assert metrics["wrong-before"] == int(np.sum(scene.noisy_labels[scene.rows(3)] != scene.true_labels[scene.rows(3)]))
     assert metrics["changed"] == metrics["n_relabeled"]
 
 
-def test_without_relabel_the_labels_stay(run):
+def test_without_relabel_the_labels_stay(run, incoming, node_context):
     overrides, scene, arrays = run
-    context = new_context(overrides, 2)
-    metrics = correct(context, arrays, mode="stage2", theta=0.0, relabel=False)
+    context = node_context(overrides, 2)
+    metrics = correct(incoming, context, arrays, mode="stage2", theta=0.0, relabel=False)
     assert metrics["n_relabeled"] == 0 and "mu_hat" not in metrics
     assert np.array_equal(current_labels(context, client_node.load_node(context)), scene.noisy_labels[scene.rows(2)])
 
 
-def test_corrected_labels_survive_a_recreated_client_process(run):
+def test_corrected_labels_survive_a_recreated_client_process(run, incoming, node_context):
     overrides, scene, arrays = run
-    context = new_context(overrides, 0)
+    context = node_context(overrides, 0)
     # theta = 0: every sample takes the global model's argmax, so the labels surely change.
-    metrics = correct(context, arrays, mode="stage2", theta=0.0)
+    metrics = correct(incoming, context, arrays, mode="stage2", theta=0.0)
     assert metrics["n_relabeled"] > 0
     # A deployed SuperNode runs each message in a fresh process: nothing cached survives, only context.state.
     client_node._load_partition.cache_clear()
@@ -92,7 +73,7 @@ def test_corrected_labels_survive_a_recreated_client_process(run):
     assert scores["accuracy"] == 1.0, "evaluation uses the corrected labels (the model's own argmax)"
 
 
-def test_unknown_correction_mode_is_rejected(run):
+def test_unknown_correction_mode_is_rejected(run, incoming, node_context):
     overrides, _, arrays = run
     with pytest.raises(ValueError, match="mode='stage3' is invalid"):
-        correct(new_context(overrides, 0), arrays, mode="stage3")
+        correct(incoming, node_context(overrides, 0), arrays, mode="stage3")

@@ -39,7 +39,7 @@ def test_smoke_fedavg_writes_the_results_contract(tmp_path):
 
 
 def test_multirun_and_same_seed_same_result(tmp_path):
-    short = ["experiment=smoke", "strategy.num_rounds=2"]
+    short = ["experiment=smoke", "strategy=fedavg", "strategy.num_rounds=2"]
     sweep = sim("-m", *short, "seed=5,6", f"out_dir={tmp_path}/s${{seed}}", f"hydra.sweep.dir={tmp_path}/sweep")
     assert sweep.returncode == 0, sweep.stderr[-3000:]
     again = sim(*short, "seed=5", f"out_dir={tmp_path}/again")
@@ -59,7 +59,7 @@ def test_bad_overrides_fail_before_ray_starts(tmp_path):
         ("strategy=fedsgd", "fedsgd", 1),  # Hydra itself rejects an unknown group option
     ]:
         start = time.monotonic()
-        done = sim("experiment=smoke", override, f"out_dir={tmp_path}/bad")
+        done = sim("experiment=smoke", "strategy=fedavg", override, f"out_dir={tmp_path}/bad")
         assert done.returncode == code, (override, done.stderr[-2000:])
         assert message in done.stderr, (override, done.stderr[-2000:])
         assert "ray" not in done.stderr.lower() and time.monotonic() - start < 60

@@ -8,13 +8,7 @@ from strategies.fedavg import FedAvg
 from strategies.federation import Federation
 from strategies.utils import round_size, sample_clients, short_reason, weighted_average
 
-@pytest.fixture(autouse=True)
-def server_identity(monkeypatch):
-    """Messages need the identity Flower gives a ServerApp process; set it as the runtime would."""
-    from flwr.supercore.task_identity import TaskIdentity
-
-    for attribute, value in (("_run_id", 1), ("_task_id", 1), ("_node_id", 0)):
-        monkeypatch.setattr(TaskIdentity, attribute, value)
+pytestmark = pytest.mark.usefixtures("flower_identity")
 
 
 # Flower node ids are random 64-bit numbers; partitions are 0..N-1.
