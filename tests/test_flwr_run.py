@@ -1,0 +1,47 @@
+"""`flwr run .` (Flower's own runner, with the local SuperLink it starts) runs the same app and config."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+BIN = Path(sys.executable).parent
+
+
+def _pids_mentioning(text: str) -> list[int]:
+    """Processes whose command line contains ``text`` (the local SuperLink and its children)."""
+    pids = []
+    for proc in Path("/proc").iterdir():
+        if proc.name.isdigit():
+            try:
+                cmdline = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            except OSError:
+                continue
+            if text in cmdline and int(proc.name) != os.getpid():
+                pids.append(int(proc.name))
+    return pids
+
+
+def test_flwr_run_local_simulation_writes_complete_results(tmp_path):
+    home, out = tmp_path / "flwr-home", tmp_path / "run"
+    env = {**os.environ, "FLWR_HOME": str(home), "PATH": f"{BIN}:{os.environ['PATH']}",
+           "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1", "FLWR_TELEMETRY_ENABLED": "0"}
+    try:
+        done = subprocess.run(
+            [str(BIN / "flwr"), "run", ".", "--stream",
+             "--run-config", f'overrides="experiment=smoke strategy=fedavg strategy.num_rounds=3 out_dir={out}"',
+             "--federation-config", "num-supernodes=10 client-resources-num-cpus=1 client-resources-num-gpus=0"],
+            cwd=REPO, env=env, capture_output=True, text=True, timeout=300,
+        )
+    finally:
+        # flwr starts a detached local SuperLink (logging under FLWR_HOME); stop it and its children.
+        for pid in _pids_mentioning(str(home)):
+            os.kill(pid, signal.SIGKILL)
+    assert done.returncode == 0, done.stderr[-3000:]
+    # `flwr run --stream` exits 0 even when the ServerApp fails: the results file is the proof.
+    payload = json.loads((out / "results.json").read_text())
+    assert payload["complete"] is True and len(payload["rounds"]) == 3
+    assert payload["summary"]["best_acc"] > 0.3
