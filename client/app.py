@@ -21,7 +21,7 @@ from flwr.clientapp import ClientApp
 
 from client.correction import loss_split, stage1_relabel, stage2_relabel
 from client.evaluation import evaluate as evaluate_model
-from client.evaluation import predict_proba
+from client.evaluation import loss_and_proba, predict_proba
 from client.label_state import current_labels, store_labels
 from client.lid import lid_score
 from client.node import LocalNode, load_node
@@ -95,10 +95,9 @@ def correct(message: Message, context: Context) -> Message:
     node = load_node(context)
     config = message.content["config"]
     labels = current_labels(context, node)
-    probabilities = predict_proba(_global_model(message, node), node.data.images, node.eval_transform,
-                                  device=node.device)
+    losses, probabilities = loss_and_proba(_global_model(message, node), node.data.images, labels,
+                                           node.eval_transform, device=node.device)
     if config["mode"] == "stage1":
-        losses = -np.log(np.clip(probabilities[np.arange(labels.size), labels], 1e-12, None))
         seed = int(rng_for(int(config["seed"]), f"loss-gmm/{node.partition_id}").integers(2**31))
         noisy = loss_split(losses, seed)
         new, mu_hat, _ = stage1_relabel(labels, losses, probabilities, noisy,

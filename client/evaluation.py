@@ -75,9 +75,22 @@ def per_sample_loss(
     device: torch.device | str = "cpu",
 ) -> np.ndarray:
     """Cross-entropy of each sample against its label, float32 of shape (n,)."""
+    return loss_and_proba(model, images, labels, transform, batch_size=batch_size, device=device)[0]
+
+
+def loss_and_proba(
+    model: nn.Module,
+    images: ImageArray,
+    labels: np.ndarray,
+    transform: BatchTransform,
+    *,
+    batch_size: int = 256,
+    device: torch.device | str = "cpu",
+) -> tuple[np.ndarray, np.ndarray]:
+    """Per-sample cross-entropy (n,) and softmax outputs (n, M) from one pass over the images."""
     targets = label_tensor(labels, len(images))
     logits = predict_logits(model, images, transform, batch_size=batch_size, device=device)
-    return _losses(logits, targets).numpy()
+    return _losses(logits, targets).numpy(), torch.softmax(logits, dim=1).numpy()
 
 
 def evaluate(

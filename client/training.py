@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -14,7 +14,7 @@ from torch import nn
 
 from client.batches import ImageBatches, check_labels_fit, label_tensor
 from data.errors import ConfigError
-from data.registry import check_int, check_number
+from data.registry import check_int, check_number, dataclass_kwargs
 from data.sources.base import ImageArray
 from data.transforms import BatchTransform
 
@@ -69,15 +69,10 @@ class TrainConfig:
     @classmethod
     def from_mapping(cls, cfg: Mapping) -> TrainConfig:
         """Build from a mapping (a Hydra node or a Flower config record) of this class's field names."""
-        allowed = [f.name for f in fields(cls)]
-        if not isinstance(cfg, Mapping):
-            raise ConfigError(f"train config {cfg!r} is invalid: allowed is a mapping with keys {allowed}")
-        unknown = sorted(str(key) for key in cfg if key not in allowed)
-        if unknown:
-            raise ConfigError(f"train config has unknown keys {unknown}: allowed are {allowed}")
-        if "lr" not in cfg:
+        kwargs = dataclass_kwargs("train", cfg, cls)
+        if "lr" not in kwargs:
             raise ConfigError("train.lr is missing: a learning rate > 0 is required")
-        return cls(**{key: cfg[key] for key in cfg})
+        return cls(**kwargs)
 
 
 def _prox_anchor(

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any
 
 from data.errors import ConfigError
@@ -78,3 +78,14 @@ def check_int(key: str, value: Any, *, low: int) -> None:
     """Raise ConfigError unless config ``key`` is an integer >= low."""
     if not isinstance(value, int) or isinstance(value, bool) or value < low:
         raise ConfigError(f"{key}={value!r} is invalid: allowed is an integer >= {low}")
+
+
+def dataclass_kwargs(kind: str, cfg: Any, cls: type) -> dict[str, Any]:
+    """``cfg`` as keyword arguments for dataclass ``cls``: a mapping whose keys are all fields of it."""
+    allowed = [f.name for f in fields(cls)]
+    if not isinstance(cfg, Mapping):
+        raise ConfigError(f"{kind} config {cfg!r} is invalid: allowed is a mapping with keys {allowed}")
+    unknown = sorted(str(key) for key in cfg if key not in allowed)
+    if unknown:
+        raise ConfigError(f"{kind} config has unknown keys {unknown}: allowed are {allowed}")
+    return {key: cfg[key] for key in cfg}

@@ -7,13 +7,13 @@ a training step pays a handful of tensor operations, not one PIL round trip per 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 
 from data.errors import ConfigError
-from data.registry import check_int
+from data.registry import check_int, dataclass_kwargs
 
 
 @dataclass(frozen=True)
@@ -161,10 +161,4 @@ def transform_from_config(
     cfg: Mapping, mean: Sequence[float], std: Sequence[float], train: bool
 ) -> BatchTransform:
     """Builds a :class:`BatchTransform` from a mapping with any of the keys resize, crop, pad, flip."""
-    allowed = [f.name for f in fields(TransformSpec)]
-    if not isinstance(cfg, Mapping):
-        raise ConfigError(f"transform config {cfg!r} is invalid: allowed is a mapping with keys {allowed}")
-    unknown = sorted(str(key) for key in cfg if key not in allowed)
-    if unknown:
-        raise ConfigError(f"transform config has unknown keys {unknown}: allowed are {allowed}")
-    return BatchTransform(TransformSpec(**{key: cfg[key] for key in cfg}), mean, std, train)
+    return BatchTransform(TransformSpec(**dataclass_kwargs("transform", cfg, TransformSpec)), mean, std, train)

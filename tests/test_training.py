@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from client.evaluation import evaluate, per_sample_loss, predict_proba
+from client.evaluation import evaluate, per_sample_loss, predict_proba, loss_and_proba
 from client.training import TrainConfig, train_local
 from data.client_data import IndexedImages
 from data.errors import ConfigError
@@ -324,3 +324,12 @@ def test_train_config_rejects_unknown_and_missing_keys() -> None:
         TrainConfig.from_mapping({"epochs": 2})
     with pytest.raises(ConfigError, match="allowed is a mapping"):
         TrainConfig.from_mapping([("lr", 0.01)])
+
+
+def test_loss_and_proba_agree_with_their_single_purpose_twins(local) -> None:
+    _, (test_x, test_y), _, eval_tf = local
+    model = _model()
+    losses, proba = loss_and_proba(model, test_x, test_y, eval_tf, batch_size=64)
+    np.testing.assert_allclose(proba, predict_proba(model, test_x, eval_tf), atol=1e-6)
+    np.testing.assert_allclose(losses, per_sample_loss(model, test_x, test_y, eval_tf), rtol=1e-6)
+    np.testing.assert_allclose(losses, -np.log(proba[np.arange(len(test_y)), test_y]), rtol=1e-4)
