@@ -65,19 +65,6 @@ def _losses(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     return F.cross_entropy(logits, targets, reduction="none")
 
 
-def per_sample_loss(
-    model: nn.Module,
-    images: ImageArray,
-    labels: np.ndarray,
-    transform: BatchTransform,
-    *,
-    batch_size: int = 256,
-    device: torch.device | str = "cpu",
-) -> np.ndarray:
-    """Cross-entropy of each sample against its label, float32 of shape (n,)."""
-    return loss_and_proba(model, images, labels, transform, batch_size=batch_size, device=device)[0]
-
-
 def loss_and_proba(
     model: nn.Module,
     images: ImageArray,

@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from client.evaluation import evaluate, per_sample_loss, predict_proba, loss_and_proba
+from client.evaluation import evaluate, loss_and_proba, predict_proba
 from client.training import TrainConfig, train_local
 from data.client_data import IndexedImages
 from data.errors import ConfigError
@@ -214,7 +214,7 @@ def test_evaluation_metrics_on_a_hand_checkable_case() -> None:
 
     proba = predict_proba(model, images, transform, batch_size=3)
     np.testing.assert_allclose(proba, np.exp(logits) / np.exp(logits).sum(axis=1, keepdims=True), rtol=1e-5)
-    losses = per_sample_loss(model, images, labels, transform, batch_size=3)
+    losses, _ = loss_and_proba(model, images, labels, transform, batch_size=3)
     np.testing.assert_allclose(losses, expected_loss, atol=1e-5)
     metrics = evaluate(model, images, labels, transform, batch_size=3)
     assert metrics["accuracy"] == pytest.approx(0.75)
@@ -227,7 +227,7 @@ def test_evaluation_on_real_data_is_consistent_and_batch_size_free(local) -> Non
     model = _model()
     model.train()  # evaluation must switch to eval mode itself and restore this one
     proba = predict_proba(model, test_x, eval_tf, batch_size=64)
-    losses = per_sample_loss(model, test_x, test_y, eval_tf, batch_size=64)
+    losses, _ = loss_and_proba(model, test_x, test_y, eval_tf, batch_size=64)
     metrics = evaluate(model, test_x, test_y, eval_tf, batch_size=100)  # 360 = 3 x 100 + a partial 60
     assert proba.shape == (len(test_y), 10) and losses.shape == (len(test_y),)
     np.testing.assert_allclose(proba.sum(axis=1), 1.0, atol=1e-5)
@@ -253,7 +253,7 @@ def test_evaluation_rejects_a_training_transform_and_bad_labels(local) -> None:
     with pytest.raises(ConfigError, match=r"shape \(359,\)"):
         evaluate(_model(), test_x, test_y[:-1], eval_tf)
     with pytest.raises(ConfigError, match="label 10 .* 10 outputs"):
-        per_sample_loss(_model(), test_x, np.full(len(test_y), 10), eval_tf)
+        loss_and_proba(_model(), test_x, np.full(len(test_y), 10), eval_tf)
     with pytest.raises(ConfigError, match="batch_size=0"):
         predict_proba(_model(), test_x, eval_tf, batch_size=0)
 
@@ -326,10 +326,9 @@ def test_train_config_rejects_unknown_and_missing_keys() -> None:
         TrainConfig.from_mapping([("lr", 0.01)])
 
 
-def test_loss_and_proba_agree_with_their_single_purpose_twins(local) -> None:
+def test_loss_and_proba_agree_with_predict_proba_and_cross_entropy(local) -> None:
     _, (test_x, test_y), _, eval_tf = local
     model = _model()
     losses, proba = loss_and_proba(model, test_x, test_y, eval_tf, batch_size=64)
     np.testing.assert_allclose(proba, predict_proba(model, test_x, eval_tf), atol=1e-6)
-    np.testing.assert_allclose(losses, per_sample_loss(model, test_x, test_y, eval_tf), rtol=1e-6)
     np.testing.assert_allclose(losses, -np.log(proba[np.arange(len(test_y)), test_y]), rtol=1e-4)
