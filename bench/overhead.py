@@ -54,7 +54,7 @@ def plain_loop(cfg, overrides: list[str]) -> tuple[float, list[float]]:
     accuracies = []
     for server_round in range(1, cfg.strategy.num_rounds + 1):
         states, weights = [], []
-        for pid in strategy.sample():
+        for pid in strategy.select(server_round, ArrayRecord(state), grid=None):
             context = Context(run_id=1, node_id=pid, node_config={"partition-id": pid}, state=RecordDict(),
                               run_config=run_config)
             model, metrics = local_update(load_node(context), state, train_config, server_round)

@@ -5,10 +5,12 @@ Handlers only translate messages; the work happens in plain functions (``client.
 without Flower. Protocol (see DESIGN.md):
 
 - ``query.info`` -> {"info": {partition-id, num-examples}}
-- ``train`` {"arrays", "config": TrainConfig keys + server-round [+ compute-lid, lid-k]}
-  -> {"arrays", "metrics": {train_loss, num-examples, steps [, lid]}}; trains on the current
-  (possibly corrected) labels.
+- ``train`` {"arrays", "config": TrainConfig keys + server-round [+ compute-lid, lid-k]
+  [+ feddyn-alpha]} -> {"arrays", "metrics": {train_loss, num-examples, steps [, lid]}}; trains on
+  the current (possibly corrected) labels. With feddyn-alpha the client runs FedDyn's local
+  objective and keeps its correction term as client state.
 - ``evaluate`` {"arrays"} -> {"metrics": {loss, accuracy, num-examples}} on the local set.
+- ``query.loss`` {"arrays"} -> the same metrics as ``evaluate`` (Power-of-Choice's candidate query).
 - ``query.correct`` {"arrays", "config": {mode: stage1|stage2, pi, theta, relabel, seed, diagnostics}}
   -> {"metrics": {mu_hat, n_relabeled [, ground-truth diagnostics]}}; keeps the new labels.
 """
@@ -22,6 +24,7 @@ from flwr.clientapp import ClientApp
 from client.correction import loss_split, stage1_relabel, stage2_relabel
 from client.evaluation import evaluate as evaluate_model
 from client.evaluation import loss_and_proba, predict_proba
+from client.feddyn import load_correction, store_correction, updated_correction
 from client.label_state import current_labels, store_labels
 from client.lid import lid_score
 from client.node import LocalNode, load_node
@@ -32,6 +35,7 @@ app = ClientApp()
 
 # Train-config keys that steer the client but are not local-SGD settings.
 _LID_KEYS = ("compute-lid", "lid-k")
+FEDDYN_KEY = "feddyn-alpha"
 
 
 def _global_model(message: Message, node: LocalNode):
@@ -51,13 +55,24 @@ def info(message: Message, context: Context) -> Message:
 @app.train()
 def train(message: Message, context: Context) -> Message:
     """Local SGD from the global arrays on this node's current labels; FedCorr's stage 1 also asks
-    for the LID score of the trained model's predictions on the local set."""
+    for the LID score of the trained model's predictions on the local set, FedDyn for its objective."""
     node = load_node(context)
     config = dict(message.content["config"])
     server_round = int(config.pop("server-round"))
     lid = {key: config.pop(key) for key in _LID_KEYS if key in config}
-    model, metrics = local_update(node, message.content["arrays"].to_torch_state_dict(), config, server_round,
-                                  labels=current_labels(context, node))
+    alpha = config.pop(FEDDYN_KEY, None)
+    global_state = message.content["arrays"].to_torch_state_dict()
+    correction = None
+    if alpha is not None:
+        # FedDyn's quadratic term is alpha/2 ||w - w_global||^2: the squared proximal term.
+        config.update(prox_weight=float(alpha) / 2, prox_norm="squared")
+        correction = load_correction(context, node.new_model())
+    model, metrics = local_update(node, global_state, config, server_round,
+                                  labels=current_labels(context, node), linear_terms=correction)
+    if correction is not None:
+        names = [name for name, _ in model.named_parameters()]
+        store_correction(context, model, updated_correction(correction, dict(model.named_parameters()),
+                                                            global_state, names, float(alpha)))
     if lid.get("compute-lid"):
         probabilities = predict_proba(model, node.data.images, node.eval_transform, device=node.device)
         metrics["lid"] = lid_score(probabilities, k=int(lid.get("lid-k", 20)))
@@ -65,13 +80,23 @@ def train(message: Message, context: Context) -> Message:
                    reply_to=message)
 
 
-@app.evaluate()
-def evaluate(message: Message, context: Context) -> Message:
-    """Score the global arrays on this node's local set (its current labels)."""
+def _local_scores(message: Message, context: Context) -> Message:
     node = load_node(context)
     scores = evaluate_model(_global_model(message, node), node.data.images, current_labels(context, node),
                             node.eval_transform, device=node.device)
     return Message(RecordDict({"metrics": MetricRecord(scores)}), reply_to=message)
+
+
+@app.evaluate()
+def evaluate(message: Message, context: Context) -> Message:
+    """Score the global arrays on this node's local set (its current labels)."""
+    return _local_scores(message, context)
+
+
+@app.query("loss")
+def loss(message: Message, context: Context) -> Message:
+    """The global model's loss on this node's local set: Power-of-Choice picks high-loss clients."""
+    return _local_scores(message, context)
 
 
 def _diagnostics(node: LocalNode, before: np.ndarray, after: np.ndarray) -> dict[str, float]:

@@ -75,29 +75,27 @@ class TrainConfig:
         return cls(**kwargs)
 
 
-def _prox_anchor(
-    params: Sequence[nn.Parameter], global_params: Sequence[torch.Tensor] | None, device: torch.device
+def _param_copies(
+    name: str, params: Sequence[nn.Parameter], tensors: Sequence[torch.Tensor], device: torch.device
 ) -> list[torch.Tensor]:
-    """Private device copies of the global weights, checked against the model's parameters."""
-    if global_params is None:
-        raise ConfigError("train.prox_weight > 0 needs global_params: the global model's parameters")
-    global_params = list(global_params)
-    if len(global_params) != len(params):
+    """Private device copies of ``tensors``, one per model parameter, checked against their shapes."""
+    tensors = list(tensors)
+    if len(tensors) != len(params):
         raise ConfigError(
-            f"global_params has {len(global_params)} tensors but the model has {len(params)} parameters; "
+            f"{name} has {len(tensors)} tensors but the model has {len(params)} parameters; "
             "allowed is one tensor per model.parameters(), in the same order"
         )
-    anchor = []
-    for i, (param, ref) in enumerate(zip(params, global_params)):
+    copies = []
+    for i, (param, ref) in enumerate(zip(params, tensors)):
         ref = torch.as_tensor(ref)
         if ref.shape != param.shape:
             raise ConfigError(
-                f"global_params[{i}] has shape {tuple(ref.shape)}; "
+                f"{name}[{i}] has shape {tuple(ref.shape)}; "
                 f"allowed is the shape of model parameter {i}, {tuple(param.shape)}"
             )
-        # A copy, so the anchor can never alias (and move with) the parameters being trained.
-        anchor.append(ref.detach().to(device=device, dtype=param.dtype, copy=True))
-    return anchor
+        # A copy, so it can never alias (and move with) the parameters being trained.
+        copies.append(ref.detach().to(device=device, dtype=param.dtype, copy=True))
+    return copies
 
 
 def _proximal(params: Sequence[nn.Parameter], anchor: Sequence[torch.Tensor], squared: bool) -> torch.Tensor:
@@ -150,6 +148,7 @@ def train_local(
     generator: torch.Generator,
     device: torch.device | str = "cpu",
     global_params: Sequence[torch.Tensor] | None = None,
+    linear_terms: Sequence[torch.Tensor] | None = None,
 ) -> dict[str, float]:
     """SGD for ``cfg.epochs`` epochs over the local set, reshuffled each epoch; trains ``model`` in place.
 
@@ -160,8 +159,10 @@ def train_local(
     which cannot normalise a single sample in train mode: that batch is skipped.
     global_params: the global model's tensors in ``model.parameters()`` order (BatchNorm buffers are
     not parameters); needed when ``cfg.prox_weight > 0``, ignored otherwise.
+    linear_terms: FedDyn's correction g (one tensor per parameter, same order); the objective then
+    also subtracts the linear term <g, w> (Acar et al. 2021, Algorithm 1).
 
-    Returns ``train_loss`` (mean batch loss of the last epoch, without the proximal term; NaN if no
+    Returns ``train_loss`` (mean batch loss of the last epoch, without the regularisers; NaN if no
     batch was trained), ``num-examples`` (n) and ``steps`` (optimizer steps taken).
     """
     if not isinstance(cfg, TrainConfig):
@@ -180,7 +181,12 @@ def train_local(
         raise ConfigError("train.batch_size=1 is invalid for a model with BatchNorm: allowed is >= 2")
     model.to(device)
     params = list(model.parameters())
-    anchor = _prox_anchor(params, global_params, device) if cfg.prox_weight > 0 else None
+    anchor = None
+    if cfg.prox_weight > 0:
+        if global_params is None:
+            raise ConfigError("train.prox_weight > 0 needs global_params: the global model's parameters")
+        anchor = _param_copies("global_params", params, global_params, device)
+    linear = None if linear_terms is None else _param_copies("linear_terms", params, linear_terms, device)
     mixup = _Mixup(cfg.mixup_alpha, generator, device) if cfg.mixup_alpha > 0 else None
     squared = cfg.prox_norm == "squared"
     optimizer = torch.optim.SGD(params, lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay)
@@ -207,7 +213,9 @@ def train_local(
                 loss = F.cross_entropy(out, y) if mix is None else mix.loss(out, y)
                 objective = loss
                 if anchor is not None:
-                    objective = loss + cfg.prox_weight * _proximal(params, anchor, squared)
+                    objective = objective + cfg.prox_weight * _proximal(params, anchor, squared)
+                if linear is not None:
+                    objective = objective - sum(torch.sum(g * p) for g, p in zip(linear, params))
                 optimizer.zero_grad()
                 objective.backward()
                 optimizer.step()

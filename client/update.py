@@ -22,9 +22,11 @@ def local_update(
     config: Mapping[str, Any],
     server_round: int,
     labels: np.ndarray | None = None,
+    linear_terms: list[torch.Tensor] | None = None,
 ) -> tuple[torch.nn.Module, dict[str, float]]:
     """Train from ``global_state`` with ``config`` (TrainConfig keys) on ``labels`` (default: the
-    node's own labels; FedCorr passes the corrected ones).
+    node's own labels; FedCorr passes the corrected ones). ``linear_terms``: FedDyn's correction, one
+    tensor per model parameter (see ``train_local``).
 
     Returns the trained model and the training metrics (``num-examples`` included).
     """
@@ -34,7 +36,7 @@ def local_update(
     anchor = [p.detach().clone() for p in model.parameters()] if settings.prox_weight > 0 else None
     metrics = train_local(model, node.data.images, node.data.labels if labels is None else labels,
                           node.train_transform, settings, generator=node.generator(server_round),
-                          device=node.device, global_params=anchor)
+                          device=node.device, global_params=anchor, linear_terms=linear_terms)
     return model, metrics
 
 

@@ -26,8 +26,17 @@ def _tag(node: DictConfig) -> str:
     return "_".join([str(node["name"]), *params]).replace("/", "-")
 
 
+def _strategy_dir(node: DictConfig) -> str:
+    """``${strategy_dir:${strategy}}`` -> ``fedcorr``, or ``fedcorr+feddyn`` when FedCorr's stage 3 is
+    not FedAvg, so runs that differ only in their stage-3 strategy write to different folders."""
+    stage3 = node.get("stage3", "fedavg")
+    return str(node["name"]) + ("" if stage3 == "fedavg" else f"+{stage3}")
+
+
 if not OmegaConf.has_resolver("tag"):
     OmegaConf.register_new_resolver("tag", _tag)
+if not OmegaConf.has_resolver("strategy_dir"):
+    OmegaConf.register_new_resolver("strategy_dir", _strategy_dir)
 
 
 def group_options(group: str) -> list[str]:

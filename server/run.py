@@ -24,10 +24,14 @@ from strategies.registry import build_strategy
 log = logging.getLogger(__name__)
 
 
-def initial_arrays(cfg: DictConfig, dataset) -> ArrayRecord:
+def initial_model(cfg: DictConfig, dataset) -> torch.nn.Module:
     """The starting global model, initialised from the run's seed."""
     torch.manual_seed(int(rng_for(cfg.seed, "model-init").integers(2**31)))
-    return ArrayRecord(configured_model(cfg, dataset).state_dict())
+    return configured_model(cfg, dataset)
+
+
+def initial_arrays(cfg: DictConfig, dataset) -> ArrayRecord:
+    return ArrayRecord(initial_model(cfg, dataset).state_dict())
 
 
 def run_server(grid: Grid, cfg: DictConfig) -> dict[str, Any]:
@@ -35,7 +39,9 @@ def run_server(grid: Grid, cfg: DictConfig) -> dict[str, Any]:
     check_run_config(cfg)
     results = ResultsWriter(cfg.out_dir, OmegaConf.to_container(cfg, resolve=True))
     scene, dataset, _ = prepare_scene(cfg)
-    strategy = build_strategy(cfg, rng_for(cfg.seed, "client-sampling"), GroundTruth.from_scene(scene))
+    model = initial_model(cfg, dataset)
+    strategy = build_strategy(cfg, rng_for(cfg.seed, "client-sampling"), GroundTruth.from_scene(scene),
+                              parameter_names=[name for name, _ in model.named_parameters()])
     strategy.bind(discover(grid, cfg.num_clients, cfg.server.node_wait_timeout, cfg.server.round_timeout))
     evaluator = CentralEvaluator(cfg, dataset)
     num_rounds = strategy.planned_rounds()
@@ -56,7 +62,7 @@ def run_server(grid: Grid, cfg: DictConfig) -> dict[str, Any]:
 
     strategy.start(
         grid,
-        initial_arrays(cfg, dataset),
+        ArrayRecord(model.state_dict()),
         num_rounds=num_rounds,
         timeout=float(cfg.server.round_timeout),
         train_config=ConfigRecord(OmegaConf.to_container(cfg.strategy.train)),

@@ -15,16 +15,29 @@ from strategies.utils import round_size, sample_clients, weighted_average
 log = logging.getLogger(__name__)
 
 
+def client_states(replies: dict[int, RecordDict]) -> list[dict[str, np.ndarray]]:
+    """Every reply's arrays as NumPy, in partition order."""
+    return [{key: array.numpy() for key, array in content["arrays"].items()} for content in replies.values()]
+
+
+def example_counts(replies: dict[int, RecordDict]) -> list[float]:
+    return [float(content["metrics"]["num-examples"]) for content in replies.values()]
+
+
+def mean_train_loss(replies: dict[int, RecordDict]) -> float:
+    """The clients' train losses averaged weighted by their local set sizes."""
+    losses = [float(content["metrics"]["train_loss"]) for content in replies.values()]
+    return float(np.average(losses, weights=example_counts(replies)))
+
+
+def to_record(state: dict[str, np.ndarray]) -> ArrayRecord:
+    return ArrayRecord({key: Array(value) for key, value in state.items()})
+
+
 def average_replies(replies: dict[int, RecordDict]) -> tuple[ArrayRecord, float]:
     """Average the clients' arrays weighted by their ``num-examples``; also the mean train loss."""
-    states, weights, losses = [], [], []
-    for content in replies.values():
-        states.append({key: array.numpy() for key, array in content["arrays"].items()})
-        metrics = content["metrics"]
-        weights.append(float(metrics["num-examples"]))
-        losses.append(float(metrics["train_loss"]))
-    averaged = weighted_average(states, weights)
-    return ArrayRecord({key: Array(value) for key, value in averaged.items()}), float(np.average(losses, weights=weights))
+    averaged = weighted_average(client_states(replies), example_counts(replies))
+    return to_record(averaged), mean_train_loss(replies)
 
 
 class FedAvg(FederatedStrategy):
@@ -54,6 +67,7 @@ class FedAvg(FederatedStrategy):
         self.fraction = fraction
         self.min_clients = min_clients
         self.stage = stage
+        self.global_arrays: ArrayRecord | None = None  # what this round's clients started from
 
     def summary(self) -> None:
         log.info("%s: fraction=%s, min_clients=%s, on_client_error=%s",
@@ -62,22 +76,35 @@ class FedAvg(FederatedStrategy):
     def planned_rounds(self) -> int:
         return self.num_rounds
 
-    def sample(self) -> list[int]:
+    def select(self, server_round: int, arrays: ArrayRecord, grid: Grid) -> list[int]:
+        """The clients that train this round: a fresh uniform sample."""
         population = self.federation.partition_ids
-        return sample_clients(self.rng, population, round_size(self.fraction, len(population), self.min_clients))
+        return sample_clients(self.rng, population, self.round_size())
+
+    def round_size(self) -> int:
+        return round_size(self.fraction, len(self.federation.partition_ids), self.min_clients)
+
+    def train_config(self, server_round: int, config: ConfigRecord) -> ConfigRecord:
+        """The config sent with this round's train messages (subclasses add their own keys)."""
+        return ConfigRecord({**dict(config), "server-round": server_round})
+
+    def aggregate(self, replies: dict[int, RecordDict]) -> ArrayRecord:
+        """The new global arrays from this round's replies."""
+        return to_record(weighted_average(client_states(replies), example_counts(replies)))
 
     def configure_train(
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
     ) -> Iterable[Message]:
-        config["server-round"] = server_round
-        content = RecordDict({"arrays": arrays, "config": config})
-        return self.messages({pid: content for pid in self.sample()}, MessageType.TRAIN)
+        self.global_arrays = arrays
+        chosen = self.select(server_round, arrays, grid)
+        content = RecordDict({"arrays": arrays, "config": self.train_config(server_round, config)})
+        return self.messages({pid: content for pid in chosen}, MessageType.TRAIN)
 
     def aggregate_train(
         self, server_round: int, replies: Iterable[Message]
     ) -> tuple[ArrayRecord | None, MetricRecord | None]:
         good = self.collect_replies(replies)
-        arrays, train_loss = average_replies(good)
+        arrays, train_loss = self.aggregate(good), mean_train_loss(good)
         self.record_round(server_round, self.stage, list(good), train_loss)
         return arrays, MetricRecord({"train_loss": train_loss})
 

@@ -81,7 +81,7 @@ class FedCorr(FederatedStrategy):
 
     settings: FedCorrSettings.
     train: the local-SGD settings every stage starts from (TrainConfig keys).
-    stage3: the strategy of stage 3 (built on this strategy's round log).
+    stage3: the strategy of stage 3; FedCorr logs its rounds into stage 3's round log.
     seed: the run's seed (the LID GMM's random_state; clients derive their loss-GMM seeds from it).
     truth: ground truth of the simulated scene, for detection/correction metrics; None in deployment.
     rng, on_client_error: see ``FederatedStrategy``.
@@ -98,11 +98,11 @@ class FedCorr(FederatedStrategy):
         rng: np.random.Generator,
         on_client_error: str = "fail",
     ) -> None:
-        super().__init__(rng=rng, on_client_error=on_client_error)
+        # One round log for all stages, so rounds and communication cost run on into stage 3.
+        super().__init__(rng=rng, on_client_error=on_client_error, history=stage3.history)
         self.settings = settings
         self.train = dict(train)
         self.stage3 = stage3
-        self.stage3.history = self.history
         self.seed = seed
         self.truth = truth
         self.monitor: FedCorrMonitor | None = None
@@ -123,7 +123,8 @@ class FedCorr(FederatedStrategy):
         return stage1 + (s.t2 if s.finetuning else 0) + (self.stage3.planned_rounds() if s.usual_training else 0)
 
     def extra_results(self) -> dict[str, Any]:
-        return {"fedcorr": self.monitor.results()} if self.monitor else {}
+        extra = self.stage3.extra_results() if self.settings.usual_training else {}
+        return {**extra, "fedcorr": self.monitor.results()} if self.monitor else extra
 
     # Flower's per-round hooks are not how FedCorr runs: ``start`` drives the stages directly.
     def configure_train(self, server_round, arrays, config, grid):

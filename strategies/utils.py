@@ -50,3 +50,20 @@ def short_reason(reason: str) -> str:
     """The last line of a client error (its exception), without the Ray traceback and colour codes."""
     lines = [line.strip() for line in _ANSI.sub("", reason).splitlines() if line.strip()]
     return lines[-1] if lines else "(no reason given)"
+
+
+def coordinate_median(states: Sequence[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
+    """The coordinate-wise median of every array of the given model states (Yin et al. 2018).
+
+    Like ``weighted_average``: each array keeps its dtype, integer buffers are rounded. (Flower's
+    FedMedian turns integer buffers into floats, and samples nodes outside the run's seed.)
+    """
+    if not states:
+        raise ValueError("nothing to aggregate: no client states")
+    median: dict[str, np.ndarray] = {}
+    for key, first in states[0].items():
+        stacked = np.stack([np.asarray(state[key], dtype=np.float64) for state in states])
+        value = np.median(stacked, axis=0)
+        value = np.rint(value) if first.dtype.kind in "iub" else value
+        median[key] = np.asarray(value).astype(first.dtype)
+    return median

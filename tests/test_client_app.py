@@ -62,3 +62,29 @@ def test_a_node_without_partition_is_a_clear_error(run, incoming, node_context):
     bare = Context(run_id=1, node_id=77, node_config={}, state=RecordDict(), run_config={"overrides": overrides})
     with pytest.raises(ValueError, match="partition-id"):
         client_app.info(incoming(RecordDict(), "query.info"), bare)
+
+
+def test_feddyn_train_keeps_its_correction_as_client_state(run, incoming, node_context):
+    overrides, _, arrays = run
+    context = node_context(overrides, 1)
+    content = RecordDict({"arrays": arrays, "config": ConfigRecord({**TRAIN, "server-round": 1, "feddyn-alpha": 0.1})})
+    local = client_app.train(incoming(content, "train"), context).content["arrays"].to_torch_state_dict()
+    start = arrays.to_torch_state_dict()
+    stored = context.state.array_records["feddyn-correction"]
+    assert sorted(stored) == sorted(name for name in start if not name.endswith("num_batches_tracked")
+                                    and "running" not in name)
+    for name in stored:
+        # First round: g = 0 - alpha * (w_local - w_global).
+        np.testing.assert_allclose(stored[name].numpy(), -0.1 * (local[name] - start[name]).numpy(), rtol=1e-5, atol=1e-7)
+    # A second round starts from the stored g: its update differs from a client without the state.
+    again = client_app.train(incoming(content, "train"), context).content["arrays"].to_torch_state_dict()
+    fresh = client_app.train(incoming(content, "train"), node_context(overrides, 1)).content["arrays"].to_torch_state_dict()
+    assert any(not np.allclose(again[k].numpy(), fresh[k].numpy()) for k in stored)
+
+
+def test_loss_query_reports_the_global_models_local_loss(run, incoming, node_context):
+    overrides, _, arrays = run
+    message = RecordDict({"arrays": arrays})
+    loss = client_app.loss(incoming(message, "query.loss"), node_context(overrides, 3)).content["metrics"]
+    scores = client_app.evaluate(incoming(message, "evaluate"), node_context(overrides, 3)).content["metrics"]
+    assert loss["loss"] == scores["loss"] > 0 and loss["num-examples"] == scores["num-examples"]

@@ -3,23 +3,17 @@
 import csv
 import json
 import math
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[1]
+from commands import sim
 
 
 @pytest.fixture(scope="module")
 def fedcorr_run(tmp_path_factory):
     out = tmp_path_factory.mktemp("fedcorr") / "run"
-    done = subprocess.run(
-        [sys.executable, "sim.py", "experiment=smoke", "strategy=fedcorr", f"out_dir={out}", "seed=1",
-         "noise.rho=0.5", "noise.tau=0.5"],
-        cwd=REPO, capture_output=True, text=True, timeout=600,
-    )
+    done = sim("experiment=smoke", "strategy=fedcorr", f"out_dir={out}", "seed=1", "noise.rho=0.5", "noise.tau=0.5",
+               timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     return out, json.loads((out / "results.json").read_text()), done.stdout
 

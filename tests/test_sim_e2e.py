@@ -2,17 +2,9 @@
 
 import csv
 import json
-import subprocess
-import sys
 import time
-from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-
-
-def sim(*overrides: str, timeout: float = 300) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "sim.py", *overrides], cwd=REPO, capture_output=True, text=True,
-                          timeout=timeout)
+from commands import sim
 
 
 def test_smoke_fedavg_writes_the_results_contract(tmp_path):

@@ -332,3 +332,31 @@ def test_loss_and_proba_agree_with_predict_proba_and_cross_entropy(local) -> Non
     losses, proba = loss_and_proba(model, test_x, test_y, eval_tf, batch_size=64)
     np.testing.assert_allclose(proba, predict_proba(model, test_x, eval_tf), atol=1e-6)
     np.testing.assert_allclose(losses, -np.log(proba[np.arange(len(test_y)), test_y]), rtol=1e-4)
+
+
+def test_feddyn_linear_term_shifts_one_step_by_lr_times_the_correction() -> None:
+    """d/dw of -<g, w> is -g: one plain SGD step moves w by lr * g more than without the term."""
+    pixels = np.array([[10, 0], [0, 10], [5, 6], [7, 3]], dtype=np.uint8)
+    labels = np.array([0, 1, 0, 0])
+    transform = BatchTransform(TransformSpec(), *RAW, train=True)
+    cfg = TrainConfig(lr=0.1, momentum=0.0, epochs=1, batch_size=4, prox_weight=0.5)
+    results = []
+    for scale in (0.0, 1.0):
+        model = _pixel_model()
+        anchor = [p.detach().clone() for p in model.parameters()]
+        correction = [scale * torch.full_like(p, 0.25) + scale * torch.arange(p.numel()).reshape(p.shape)
+                      for p in model.parameters()]
+        train_local(model, pixels.reshape(4, 1, 1, 2), labels, transform, cfg, generator=_gen(0),
+                    global_params=anchor, linear_terms=correction)
+        results.append((_flat(model), torch.cat([g.flatten() for g in correction])))
+    (plain, _), (corrected, g) = results
+    torch.testing.assert_close(corrected - plain, cfg.lr * g)
+
+
+def test_feddyn_linear_terms_must_match_the_parameters() -> None:
+    model = _pixel_model()
+    cfg = TrainConfig(lr=0.1, epochs=1)
+    transform = BatchTransform(TransformSpec(), *RAW, train=True)
+    images, labels = np.zeros((2, 1, 1, 2), np.uint8), np.array([0, 1])
+    with pytest.raises(ConfigError, match="linear_terms has 1 tensors"):
+        train_local(model, images, labels, transform, cfg, generator=_gen(0), linear_terms=[torch.zeros(1)])

@@ -1,0 +1,58 @@
+"""What the accuracy benchmarks share: running one configured simulation (or reusing its finished
+results), and finding where a run's test accuracy plateaus."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+os.environ.setdefault("FLWR_TELEMETRY_ENABLED", "0")
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from omegaconf import OmegaConf  # noqa: E402
+
+import sim  # noqa: E402
+from conf import compose_config  # noqa: E402
+
+PLATEAU_WINDOW = 20
+PLATEAU_POINTS = 0.003
+
+
+def finished_results(out_dir: str, config: dict[str, Any]) -> dict[str, Any] | None:
+    """The results in ``out_dir`` if that run completed with exactly ``config``; else None."""
+    path = Path(out_dir) / "results.json"
+    if not path.is_file():
+        return None
+    payload = json.loads(path.read_text())
+    return payload if payload.get("complete") and payload.get("config") == config else None
+
+
+def run(overrides: list[str], reuse: bool = False) -> dict[str, Any]:
+    """One simulation with these Hydra overrides. ``reuse``: return a finished run with the same
+    resolved config instead of running it again (so a long benchmark can be stopped and resumed)."""
+    cfg = compose_config(overrides)
+    if reuse:
+        done = finished_results(cfg.out_dir, OmegaConf.to_container(cfg, resolve=True))
+        if done is not None:
+            print(f"reusing {cfg.out_dir}/results.json", flush=True)
+            return done
+    return sim.run(cfg, overrides)
+
+
+def plateau(accuracies: list[float]) -> tuple[int | None, float | None]:
+    """(position, mean accuracy of the window) where test accuracy first moved less than 0.3 points
+    over 20 consecutive evaluations; (None, None) if it never did."""
+    for end in range(PLATEAU_WINDOW, len(accuracies) + 1):
+        window = accuracies[end - PLATEAU_WINDOW:end]
+        if max(window) - min(window) < PLATEAU_POINTS:
+            return end, sum(window) / len(window)
+    return None, None
+
+
+def accuracies(payload: dict[str, Any], stage: str | None = None) -> list[float]:
+    """The evaluated test accuracies of a run, optionally of one stage only."""
+    return [r["test_acc"] for r in payload["rounds"]
+            if r["test_acc"] is not None and (stage is None or r["stage"] == stage)]

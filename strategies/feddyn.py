@@ -1,0 +1,79 @@
+"""FedDyn (Acar et al. 2021): federated learning with dynamic regularisation.
+
+Server state h starts at 0. Each round the sampled clients P_t train from w^{t-1} with FedDyn's
+local objective (client side: ``client/feddyn.py``) and the server updates
+    h^t = h^{t-1} - alpha * (1/N) * sum_{k in P_t} (w_k^t - w^{t-1})
+    w^t = (1/|P_t|) * sum_{k in P_t} w_k^t - h^t / alpha
+over the model's parameters (N: all clients). BatchNorm buffers are not parameters: they are plainly
+averaged. The learning rate decays by ``lr_decay`` per FedDyn round (FedCorr Appendix B: 0.998).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Mapping, Sequence
+
+import numpy as np
+from flwr.app import ArrayRecord, ConfigRecord, RecordDict
+
+from data.errors import ConfigError
+from strategies.fedavg import FedAvg, client_states, to_record
+from strategies.utils import weighted_average
+
+ALPHA_KEY = "feddyn-alpha"
+
+
+def feddyn_server_step(
+    global_state: Mapping[str, np.ndarray],
+    states: Sequence[Mapping[str, np.ndarray]],
+    h: Mapping[str, np.ndarray],
+    *,
+    alpha: float,
+    num_clients: int,
+    parameter_names: Collection[str],
+) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
+    """One FedDyn aggregation: (new global state, new h). ``h`` lacks a key until it is first set
+    (zero). Parameters are computed in float64 and returned in their own dtype."""
+    new_global = weighted_average(states, [1.0] * len(states))
+    new_h: dict[str, np.ndarray] = {}
+    for key in parameter_names:
+        start = np.asarray(global_state[key], dtype=np.float64)
+        local = np.stack([np.asarray(state[key], dtype=np.float64) for state in states])
+        drift = (local - start).sum(axis=0)
+        new_h[key] = np.asarray(h.get(key, 0.0), dtype=np.float64) - alpha / num_clients * drift
+        new_global[key] = (local.mean(axis=0) - new_h[key] / alpha).astype(new_global[key].dtype)
+    return new_global, new_h
+
+
+class FedDyn(FedAvg):
+    """FedAvg's sampling with FedDyn's client objective and server correction.
+
+    alpha: the dynamic regulariser's coefficient (FedCorr Appendix B: 0.01).
+    lr_decay: the local learning rate is ``train.lr * lr_decay ** r`` in FedDyn's r-th round (from 0).
+    parameter_names: the model's parameter keys (``named_parameters``); the other arrays are buffers.
+    Other arguments: see ``FedAvg``.
+    """
+
+    def __init__(self, *, alpha: float, lr_decay: float, parameter_names: Collection[str], **kwargs) -> None:
+        super().__init__(**kwargs)
+        if not parameter_names:
+            raise ConfigError("FedDyn needs the model's parameter names; none were given")
+        self.alpha = alpha
+        self.lr_decay = lr_decay
+        self.parameter_names = tuple(parameter_names)
+        self.h: dict[str, np.ndarray] = {}
+        self.rounds_done = 0
+
+    def train_config(self, server_round: int, config: ConfigRecord) -> ConfigRecord:
+        record = super().train_config(server_round, config)
+        record["lr"] = float(config["lr"]) * self.lr_decay ** self.rounds_done
+        record[ALPHA_KEY] = self.alpha
+        return record
+
+    def aggregate(self, replies: dict[int, RecordDict]) -> ArrayRecord:
+        start = {key: array.numpy() for key, array in self.global_arrays.items()}
+        new_global, self.h = feddyn_server_step(
+            start, client_states(replies), self.h, alpha=self.alpha,
+            num_clients=len(self.federation.partition_ids), parameter_names=self.parameter_names,
+        )
+        self.rounds_done += 1
+        return to_record(new_global)
