@@ -2,7 +2,7 @@
 and each run to its plateau.
 
     .venv/bin/python bench/fedcorr_fmnist.py [--settings 0.0,0.0 0.6,0.5 0.8,0.5] [--plateau-cap 150]
-                                             [--reuse] [Hydra overrides for every run ...]
+                                             [--reuse] [-- Hydra overrides for every run ...]
 
 For every (rho, tau) it runs FedCorr with conf/strategy/fedcorr.yaml and FedAvg with the same
 communication cost (client participations). With --plateau-cap R > 0 it also runs FedAvg for R rounds
@@ -19,7 +19,15 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from runs import accuracies, plateau, run
+from runs import ConfigError, accuracies, check_all, main_with_clear_errors, plateau, run
+
+
+def parse_setting(setting: str) -> tuple[str, str]:
+    rho, sep, tau = setting.partition(",")
+    if not sep:
+        raise ConfigError(f"--settings {setting!r} is invalid: allowed is rho,tau such as 0.6,0.5 "
+                          "(Hydra overrides go before the options or after --)")
+    return rho, tau
 
 
 def plateau_cell(payload: dict[str, Any] | None, stage: str | None) -> str:
@@ -39,19 +47,19 @@ def main() -> None:
     parser.add_argument("overrides", nargs="*", default=[])
     args = parser.parse_args()
     base = ["experiment=fmnist", *args.overrides]
+    settings = [parse_setting(setting) for setting in args.settings]
+    scenes = {f"({rho}, {tau})": ([*base, "noise=fedcorr", f"noise.rho={rho}", f"noise.tau={tau}"],
+                                  f"outputs/bench-fedcorr/rho{rho}-tau{tau}") for rho, tau in settings}
+    check_all([[*scene, "strategy=fedcorr"] for scene, _ in scenes.values()])
     rows = []
-    for setting in args.settings:
-        rho, tau = setting.split(",")
-        scene = [*base, "noise=fedcorr", f"noise.rho={rho}", f"noise.tau={tau}"]
-        tag = f"outputs/bench-fedcorr/rho{rho}-tau{tau}"
+    for setting, (scene, tag) in scenes.items():
         fedcorr = run([*scene, "strategy=fedcorr", f"out_dir={tag}/fedcorr"], args.reuse)
-        cost = fedcorr["summary"]["comm_cost"]
-        clients = fedcorr["config"]["num_clients"]
+        cost, clients = fedcorr["summary"]["comm_cost"], fedcorr["config"]["num_clients"]
         per_round = max(1, round(fedcorr["config"]["strategy"]["frac2"] * clients))
         fedavg = run([*scene, "strategy=fedavg", f"strategy.fraction={per_round / clients}",
                       f"strategy.num_rounds={cost // per_round}", f"out_dir={tag}/fedavg"], args.reuse)
-        row = {"setting": f"({rho}, {tau})", "fedcorr": fedcorr, "fedavg": fedavg,
-               "fedcorr_plateau": None, "fedavg_plateau": None}
+        row = {"setting": setting, "fedcorr": fedcorr, "fedavg": fedavg, "fedcorr_plateau": None,
+               "fedavg_plateau": None}
         if args.plateau_cap:
             row["fedavg_plateau"] = run([*scene, "strategy=fedavg", f"strategy.num_rounds={args.plateau_cap}",
                                          f"out_dir={tag}/fedavg-plateau"], args.reuse)
@@ -76,4 +84,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    main_with_clear_errors(main)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +17,8 @@ from omegaconf import OmegaConf  # noqa: E402
 
 import sim  # noqa: E402
 from conf import compose_config  # noqa: E402
+from data.errors import ConfigError  # noqa: E402
+from server.checks import check_run_config  # noqa: E402
 
 PLATEAU_WINDOW = 20
 PLATEAU_POINTS = 0.003
@@ -40,6 +43,21 @@ def run(overrides: list[str], reuse: bool = False) -> dict[str, Any]:
             print(f"reusing {cfg.out_dir}/results.json", flush=True)
             return done
     return sim.run(cfg, overrides)
+
+
+def main_with_clear_errors(main: Callable[[], None]) -> None:
+    """Run a benchmark's ``main``; bad input is one line on stderr and exit status 2."""
+    try:
+        main()
+    except ConfigError as err:
+        print(f"error: {err}", file=sys.stderr)
+        sys.exit(2)
+
+
+def check_all(runs: list[list[str]]) -> None:
+    """Compose and check every planned run before the first starts: a typo fails in seconds, not hours."""
+    for overrides in runs:
+        check_run_config(compose_config(overrides))
 
 
 def plateau(accuracies: list[float]) -> tuple[int | None, float | None]:
