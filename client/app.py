@@ -66,13 +66,13 @@ def train(message: Message, context: Context) -> Message:
     if alpha is not None:
         # FedDyn's quadratic term is alpha/2 ||w - w_global||^2: the squared proximal term.
         config.update(prox_weight=float(alpha) / 2, prox_norm="squared")
-        correction = load_correction(context, node.new_model())
+        correction = load_correction(context, node.partition_id, node.new_model())
     model, metrics = local_update(node, global_state, config, server_round,
                                   labels=current_labels(context, node), linear_terms=correction)
     if correction is not None:
-        names = [name for name, _ in model.named_parameters()]
-        store_correction(context, model, updated_correction(correction, dict(model.named_parameters()),
-                                                            global_state, names, float(alpha)))
+        local = dict(model.named_parameters())
+        store_correction(context, node.partition_id, model,
+                         updated_correction(correction, local, global_state, list(local), float(alpha)))
     if lid.get("compute-lid"):
         probabilities = predict_proba(model, node.data.images, node.eval_transform, device=node.device)
         metrics["lid"] = lid_score(probabilities, k=int(lid.get("lid-k", 20)))
@@ -134,7 +134,7 @@ def correct(message: Message, context: Context) -> Message:
         raise ValueError(f"query.correct mode={config['mode']!r} is invalid: allowed are stage1, stage2")
     if not config["relabel"]:
         new = labels
-    store_labels(context, new)
+    store_labels(context, node, new)
     metrics = {"n_relabeled": int(np.sum(new != labels))}
     if mu_hat is not None:
         metrics["mu_hat"] = mu_hat

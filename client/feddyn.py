@@ -3,7 +3,7 @@
 Client k minimises L_k(w) - <g_k, w> + alpha/2 ||w - w_global||^2, where g_k is the gradient of its
 loss at its previous local optimum. After training, first-order optimality gives the new
 g_k = g_k - alpha (w_k - w_global), kept as client state for the client's next participation (a
-client that never trained has g_k = 0).
+client that never trained has g_k = 0), on the node's disk too when it has a ``state-dir``.
 """
 
 from __future__ import annotations
@@ -15,15 +15,17 @@ import torch
 from flwr.app import Array, ArrayRecord, Context
 from torch import nn
 
+from client.state_store import load_record, save_record
+
 STATE_KEY = "feddyn-correction"
 
 
-def load_correction(context: Context, model: nn.Module) -> list[torch.Tensor]:
+def load_correction(context: Context, partition_id: int, model: nn.Module) -> list[torch.Tensor]:
     """g_k in ``model.parameters()`` order; zeros before the client's first FedDyn round."""
     names = [name for name, _ in model.named_parameters()]
-    if STATE_KEY not in context.state.array_records:
+    record = load_record(context, STATE_KEY, partition_id)
+    if record is None:
         return [torch.zeros_like(param) for param in model.parameters()]
-    record = context.state.array_records[STATE_KEY]
     if sorted(record) != sorted(names):
         raise RuntimeError(
             f"client state holds a FedDyn correction for parameters {sorted(record)} but the model has "
@@ -44,9 +46,10 @@ def updated_correction(
             for g, name in zip(correction, names)]
 
 
-def store_correction(context: Context, model: nn.Module, correction: list[torch.Tensor]) -> None:
-    """Keep g_k as client state for this client's next FedDyn round."""
+def store_correction(context: Context, partition_id: int, model: nn.Module, correction: list[torch.Tensor]) -> None:
+    """Keep g_k as client state (on disk too with a ``state-dir``) for the client's next FedDyn round."""
     names = [name for name, _ in model.named_parameters()]
-    context.state[STATE_KEY] = ArrayRecord(
+    record = ArrayRecord(
         {name: Array(np.ascontiguousarray(g.detach().cpu().numpy())) for name, g in zip(names, correction)}
     )
+    save_record(context, STATE_KEY, partition_id, record)

@@ -77,3 +77,27 @@ def test_unknown_correction_mode_is_rejected(run, incoming, node_context):
     overrides, _, arrays = run
     with pytest.raises(ValueError, match="mode='stage3' is invalid"):
         correct(incoming, node_context(overrides, 0), arrays, mode="stage3")
+
+
+def test_corrected_labels_survive_a_restarted_supernode_with_a_state_dir(run, incoming, tmp_path):
+    overrides, scene, arrays = run
+
+    def node_context(run_id: int = 1) -> Context:
+        # A restarted SuperNode: same node config, but an empty context.state.
+        return Context(run_id=run_id, node_id=77, node_config={"partition-id": 2, "state-dir": str(tmp_path)},
+                       state=RecordDict(), run_config={"overrides": overrides})
+
+    first = node_context()
+    assert correct(incoming, first, arrays, mode="stage2", theta=0.0)["n_relabeled"] > 0
+    corrected = current_labels(first, client_node.load_node(first))
+    saved = list(tmp_path.rglob("*.npz"))
+    assert [p.relative_to(tmp_path).as_posix() for p in saved] == ["run-1/partition-2/fedcorr-labels.npz"]
+    restarted = node_context()
+    assert np.array_equal(current_labels(restarted, client_node.load_node(restarted)), corrected)
+    # Another run on the same node starts from the node's own labels, not this run's corrections.
+    other_run = node_context(run_id=2)
+    assert np.array_equal(current_labels(other_run, client_node.load_node(other_run)), scene.noisy_labels[scene.rows(2)])
+    # A torn or foreign file is a clear error, not silently wrong labels.
+    saved[0].write_bytes(b"not a zip")
+    with pytest.raises(RuntimeError, match="saved state .* is unreadable"):
+        current_labels(node_context(), client_node.load_node(first))
