@@ -7,7 +7,6 @@ by per-sample loss (step 2). Both are the same operation on different scores.
 from __future__ import annotations
 
 import numpy as np
-from sklearn.mixture import GaussianMixture
 
 # Scores whose spread is below this share of their magnitude are one population.
 SPREAD_TOLERANCE = 1e-6
@@ -22,5 +21,7 @@ def high_component(scores: np.ndarray, seed: int) -> np.ndarray:
     values = np.asarray(scores, dtype=np.float64).reshape(-1, 1)
     if values.shape[0] < 2 or np.ptp(values) <= SPREAD_TOLERANCE * max(1.0, float(np.abs(values).max())):
         return np.zeros(values.shape[0], dtype=bool)
+    from sklearn.mixture import GaussianMixture  # lazy: ~1.5 s to import
+
     mixture = GaussianMixture(n_components=2, random_state=seed).fit(values)
     return mixture.predict(values) == int(np.argmax(mixture.means_.ravel()))

@@ -3,7 +3,6 @@
 from pathlib import Path
 
 import torch
-import torchvision
 from torch import nn
 
 from data.errors import ConfigError
@@ -43,7 +42,7 @@ def _load_backbone(model: nn.Module, path: Path, keep_fc: bool) -> None:
         )
 
 
-def _replace_stem(model: torchvision.models.ResNet, in_channels: int, pretrained: bool) -> None:
+def _replace_stem(model: nn.Module, in_channels: int, pretrained: bool) -> None:
     """Swap conv1 for an ``in_channels`` one.
 
     Pretrained: every input channel gets the mean RGB filter scaled by 3 / in_channels, so an image
@@ -71,6 +70,8 @@ def resnet50(num_classes: int, in_channels: int, weights_path: str | Path | None
             f"{_describe(path)} does not exist; pass the path of a local torchvision "
             "ImageNet resnet50 state dict (weights are never downloaded)"
         )
+    import torchvision  # lazy: importing torchvision costs ~2 s in every ClientApp process
+
     model = torchvision.models.resnet50(weights=None, num_classes=num_classes)
     if path is not None:
         _load_backbone(model, path, keep_fc=num_classes == _IMAGENET_CLASSES)

@@ -60,7 +60,7 @@ class FederatedStrategy(Strategy):
         self.on_client_error = on_client_error
         self._federation: Federation | None = None
         self.history: list[RoundInfo] = [] if history is None else history
-        self._sent: list[int] = []
+        self._sent: dict[int, Message] = {}
 
     @property
     def federation(self) -> Federation:
@@ -87,11 +87,21 @@ class FederatedStrategy(Strategy):
 
     def messages(self, contents: dict[int, RecordDict], message_type: str) -> list[Message]:
         """One message per client (partition id -> its content); remembers whom it was sent to."""
-        self._sent = list(contents)
-        return [
-            Message(content=content, message_type=message_type, dst_node_id=self.federation.node_of[pid])
+        self._sent = {
+            pid: Message(content=content, message_type=message_type, dst_node_id=self.federation.node_of[pid])
             for pid, content in contents.items()
-        ]
+        }
+        return list(self._sent.values())
+
+    def partition_of_reply(self, reply: Message) -> int:
+        """The partition a reply answers for. The error reply the SuperLink makes for a node that stopped
+        sending heartbeats comes from the SuperLink (src_node_id 1), so replies are matched to the
+        message they answer (the grid stamps each message's id on it when it pushes it)."""
+        answered = reply.metadata.reply_to_message_id
+        for pid, message in self._sent.items():
+            if answered and message.metadata.message_id == answered:
+                return pid
+        return self.federation.partition_of(reply.metadata.src_node_id)
 
     def exchange(self, grid: Grid, contents: dict[int, RecordDict], message_type: str, timeout: float) -> dict[int, RecordDict]:
         """Send, wait at most ``timeout`` seconds, and return the replies that pass the failure policy."""
@@ -102,7 +112,7 @@ class FederatedStrategy(Strategy):
         good: dict[int, RecordDict] = {}
         failed: dict[int, str] = {}
         for reply in replies:
-            pid = self.federation.partition_of(reply.metadata.src_node_id)
+            pid = self.partition_of_reply(reply)
             if reply.has_error():
                 log.debug("client %d failed with:\n%s", pid, reply.error.reason)
                 failed[pid] = f"client {pid} failed: {short_reason(reply.error.reason)}"

@@ -130,3 +130,17 @@ def test_short_reason_keeps_the_exception_line_of_a_ray_traceback():
              "ValueError: disk on fire\n\n"
     assert short_reason(reason) == "ValueError: disk on fire"
     assert short_reason("") == "(no reason given)"
+
+
+def test_an_unavailable_node_error_from_the_superlink_names_the_client():
+    """The SuperLink answers for a node that stopped sending heartbeats: the error reply comes from
+    node id 1 (the SuperLink), so it is matched to the message it answers, not to its sender."""
+    strategy = fedavg()
+    sent = strategy.messages({pid: RecordDict() for pid in [1, 2]}, "train")
+    for message, message_id in zip(sent, ["m-1", "m-2"]):
+        message.metadata.__dict__["_message_id"] = message_id  # what the grid does when it pushes
+    metadata = Metadata(run_id=1, message_id="", src_node_id=1, dst_node_id=0, reply_to_message_id="m-2",
+                        group_id="", created_at=0.0, ttl=60.0, message_type="train")
+    unavailable = Message(error=Error(code=0, reason="Node Unavailable"), metadata=metadata)
+    with pytest.raises(ClientFailure, match="client 2 failed: Node Unavailable"):
+        strategy.aggregate_train(1, [train_reply(1, np.zeros(2), 0, 5, 0.1), unavailable])
