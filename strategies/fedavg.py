@@ -34,10 +34,14 @@ def to_record(state: dict[str, np.ndarray]) -> ArrayRecord:
     return ArrayRecord({key: Array(value) for key, value in state.items()})
 
 
+def average_arrays(replies: dict[int, RecordDict]) -> ArrayRecord:
+    """The clients' arrays averaged weighted by their ``num-examples``."""
+    return to_record(weighted_average(client_states(replies), example_counts(replies)))
+
+
 def average_replies(replies: dict[int, RecordDict]) -> tuple[ArrayRecord, float]:
-    """Average the clients' arrays weighted by their ``num-examples``; also the mean train loss."""
-    averaged = weighted_average(client_states(replies), example_counts(replies))
-    return to_record(averaged), mean_train_loss(replies)
+    """The weighted average of the clients' arrays, and their mean train loss."""
+    return average_arrays(replies), mean_train_loss(replies)
 
 
 class FedAvg(FederatedStrategy):
@@ -90,7 +94,7 @@ class FedAvg(FederatedStrategy):
 
     def aggregate(self, replies: dict[int, RecordDict]) -> ArrayRecord:
         """The new global arrays from this round's replies."""
-        return to_record(weighted_average(client_states(replies), example_counts(replies)))
+        return average_arrays(replies)
 
     def configure_train(
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid

@@ -33,14 +33,15 @@ def feddyn_server_step(
 ) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
     """One FedDyn aggregation: (new global state, new h). ``h`` lacks a key until it is first set
     (zero). Parameters are computed in float64 and returned in their own dtype."""
-    new_global = weighted_average(states, [1.0] * len(states))
+    buffers = [{key: value for key, value in state.items() if key not in parameter_names} for state in states]
+    new_global = weighted_average(buffers, [1.0] * len(states)) if buffers[0] else {}
     new_h: dict[str, np.ndarray] = {}
     for key in parameter_names:
         start = np.asarray(global_state[key], dtype=np.float64)
         local = np.stack([np.asarray(state[key], dtype=np.float64) for state in states])
         drift = (local - start).sum(axis=0)
         new_h[key] = np.asarray(h.get(key, 0.0), dtype=np.float64) - alpha / num_clients * drift
-        new_global[key] = (local.mean(axis=0) - new_h[key] / alpha).astype(new_global[key].dtype)
+        new_global[key] = (local.mean(axis=0) - new_h[key] / alpha).astype(np.asarray(states[0][key]).dtype)
     return new_global, new_h
 
 

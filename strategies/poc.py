@@ -15,7 +15,6 @@ import numpy as np
 from flwr.app import ArrayRecord, MessageType, RecordDict
 from flwr.serverapp import Grid
 
-from data.errors import ConfigError
 from strategies.fedavg import FedAvg
 
 LOSS_QUERY = f"{MessageType.QUERY}.loss"
@@ -30,7 +29,7 @@ def highest_loss(losses: dict[int, float], count: int) -> list[int]:
 class PowerOfChoice(FedAvg):
     """FedAvg whose clients are the highest-loss members of a random candidate pool.
 
-    d: candidate pool size (FedCorr Appendix B: 30 of 100 clients); m <= d <= N.
+    d: candidate pool size (FedCorr Appendix B: 30 of 100 clients); m <= d <= N (the registry checks it).
     timeout: seconds the loss query waits for the candidates' replies.
     Other arguments: see ``FedAvg``.
     """
@@ -43,11 +42,6 @@ class PowerOfChoice(FedAvg):
 
     def candidates(self) -> list[int]:
         population = self.federation.partition_ids
-        if not self.round_size() <= self.d <= len(population):
-            raise ConfigError(
-                f"Power-of-Choice d={self.d} is invalid: allowed is between the round size "
-                f"{self.round_size()} and the number of clients {len(population)}"
-            )
         sizes = np.array([self.federation.num_examples[pid] for pid in population], dtype=np.float64)
         chosen = self.rng.choice(np.asarray(population), size=self.d, replace=False, p=sizes / sizes.sum())
         return sorted(int(pid) for pid in chosen)

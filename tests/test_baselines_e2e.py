@@ -14,6 +14,7 @@ ROUNDS, PER_ROUND, POOL, CLIENTS = 3, 3, 6, 10  # smoke: 10 clients, fraction 0.
 @pytest.fixture(scope="module")
 def standalone(tmp_path_factory):
     out = tmp_path_factory.mktemp("baselines")
+    # "++": Hydra checks a multirun's overrides against the default strategy (FedCorr, no num_rounds) first.
     done = sim("-m", "experiment=smoke", f"strategy={','.join(METHODS)}", f"++strategy.num_rounds={ROUNDS}",
                f"out_dir={out}/${{strategy.name}}", f"hydra.sweep.dir={out}/sweep", timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]

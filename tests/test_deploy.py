@@ -188,6 +188,9 @@ def test_scripts_refuse_bad_arguments_before_starting_anything(script, args, mes
     assert done.returncode == 2 and message in done.stderr, done.stderr
 
 
+# A deployed run starts a ClientApp process per message: minutes on a loaded 2-core machine, so these
+# two tests get more than the suite's 600 s per test (their own waits end them first).
+@pytest.mark.timeout(1200)
 def test_fedcorr_smoke_runs_over_tls_with_authenticated_supernodes_and_local_data_files(tmp_path):
     federation = LocalFederation(tmp_path, "--data-files")
     rogue = None
@@ -245,6 +248,7 @@ def _kill_supernode_after_round_one(federation: LocalFederation) -> None:
     _kill(_tree(federation.pid("supernode_2")))
 
 
+@pytest.mark.timeout(1200)
 def test_a_supernode_killed_mid_run_fails_the_run_naming_the_client(tmp_path):
     """The default policy (server.on_client_error=fail). The SuperLink answers for the dead node once
     its heartbeat is 2 x 30 s overdue; the ServerApp stops naming the client, and the scripts report
