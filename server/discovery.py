@@ -13,7 +13,7 @@ from flwr.app import Message, MessageType, RecordDict
 from flwr.serverapp import Grid
 
 from strategies.federation import Federation
-from strategies.utils import short_reason
+from strategies.utils import answering_node, short_reason
 
 log = logging.getLogger(__name__)
 
@@ -48,7 +48,7 @@ def discover(grid: Grid, expected: int, wait_timeout: float, reply_timeout: floa
     num_examples: dict[int, int] = {}
     problems = []
     for reply in replies:
-        node = reply.metadata.src_node_id
+        node = answering_node(reply, queries)
         if reply.has_error():
             log.debug("node %d failed the info query with:\n%s", node, reply.error.reason)
             problems.append(f"node {node} failed the info query: {short_reason(reply.error.reason)}")

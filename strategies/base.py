@@ -15,7 +15,7 @@ from flwr.serverapp.strategy import Strategy
 
 from data.errors import ConfigError
 from strategies.federation import Federation
-from strategies.utils import short_reason
+from strategies.utils import answering_node, short_reason
 
 log = logging.getLogger(__name__)
 
@@ -94,14 +94,8 @@ class FederatedStrategy(Strategy):
         return list(self._sent.values())
 
     def partition_of_reply(self, reply: Message) -> int:
-        """The partition a reply answers for. The error reply the SuperLink makes for a node that stopped
-        sending heartbeats comes from the SuperLink (src_node_id 1), so replies are matched to the
-        message they answer (the grid stamps each message's id on it when it pushes it)."""
-        answered = reply.metadata.reply_to_message_id
-        for pid, message in self._sent.items():
-            if answered and message.metadata.message_id == answered:
-                return pid
-        return self.federation.partition_of(reply.metadata.src_node_id)
+        """The partition a reply answers for (see ``answering_node``)."""
+        return self.federation.partition_of(answering_node(reply, self._sent.values()))
 
     def exchange(self, grid: Grid, contents: dict[int, RecordDict], message_type: str, timeout: float) -> dict[int, RecordDict]:
         """Send, wait at most ``timeout`` seconds, and return the replies that pass the failure policy."""

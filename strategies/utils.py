@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
 import numpy as np
+from flwr.app import Message
 
 from data.errors import ConfigError
 
@@ -41,6 +42,17 @@ def sample_clients(rng: np.random.Generator, population: Sequence[int], count: i
     if count > len(population):
         raise ConfigError(f"cannot sample {count} clients from {len(population)}")
     return sorted(int(pid) for pid in rng.choice(np.asarray(population), size=count, replace=False))
+
+
+def answering_node(reply: Message, sent: Iterable[Message]) -> int:
+    """The node a reply answers for: the destination of the message it replies to. The SuperLink
+    answers itself (src_node_id 1, "Node Unavailable") for a node that stopped sending heartbeats,
+    so the sender is only the fallback. The grid stamps each message's id on it when it pushes it."""
+    answered = reply.metadata.reply_to_message_id
+    for message in sent:
+        if answered and message.metadata.message_id == answered:
+            return message.metadata.dst_node_id
+    return reply.metadata.src_node_id
 
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")

@@ -6,7 +6,7 @@ from flwr.app import Array, ArrayRecord, ConfigRecord, Error, Message, Metadata,
 from strategies.base import ClientFailure, FederatedStrategy
 from strategies.fedavg import FedAvg
 from strategies.federation import Federation
-from strategies.utils import round_size, sample_clients, short_reason, weighted_average
+from strategies.utils import answering_node, round_size, sample_clients, short_reason, weighted_average
 
 pytestmark = pytest.mark.usefixtures("flower_identity")
 
@@ -144,3 +144,14 @@ def test_an_unavailable_node_error_from_the_superlink_names_the_client():
     unavailable = Message(error=Error(code=0, reason="Node Unavailable"), metadata=metadata)
     with pytest.raises(ClientFailure, match="client 2 failed: Node Unavailable"):
         strategy.aggregate_train(1, [train_reply(1, np.zeros(2), 0, 5, 0.1), unavailable])
+
+
+def test_answering_node_prefers_the_answered_message_over_the_sender():
+    sent = [Message(content=RecordDict(), message_type="query.info", dst_node_id=node) for node in (4_242, 77)]
+    for message, message_id in zip(sent, ["a", "b"]):
+        message.metadata.__dict__["_message_id"] = message_id
+    metadata = Metadata(run_id=1, message_id="", src_node_id=1, dst_node_id=0, reply_to_message_id="b",
+                        group_id="", created_at=0.0, ttl=60.0, message_type="query.info")
+    from_superlink = Message(error=Error(code=0, reason="Node Unavailable"), metadata=metadata)
+    assert answering_node(from_superlink, sent) == 77
+    assert answering_node(reply_from(1, error="boom"), sent) == 4_242  # no answered id: the sender
