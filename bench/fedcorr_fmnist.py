@@ -50,7 +50,11 @@ def main() -> None:
     settings = [parse_setting(setting) for setting in args.settings]
     scenes = {f"({rho}, {tau})": ([*base, "noise=fedcorr", f"noise.rho={rho}", f"noise.tau={tau}"],
                                   f"outputs/bench-fedcorr/rho{rho}-tau{tau}") for rho, tau in settings}
-    check_all([[*scene, "strategy=fedcorr"] for scene, _ in scenes.values()])
+    plateau_runs = {"fedavg-plateau": ["strategy=fedavg", f"strategy.num_rounds={args.plateau_cap}"],
+                    "fedcorr-plateau": ["strategy=fedcorr", f"strategy.t3={args.plateau_cap}"]} if args.plateau_cap else {}
+    # FedAvg's equal-cost run is planned after FedCorr's cost is known, so it is checked when it starts.
+    check_all([[*scene, *choice, f"out_dir={tag}/{name}"] for scene, tag in scenes.values()
+               for name, choice in {"fedcorr": ["strategy=fedcorr"], **plateau_runs}.items()], args.reuse)
     rows = []
     for setting, (scene, tag) in scenes.items():
         fedcorr = run([*scene, "strategy=fedcorr", f"out_dir={tag}/fedcorr"], args.reuse)
@@ -60,11 +64,8 @@ def main() -> None:
                       f"strategy.num_rounds={cost // per_round}", f"out_dir={tag}/fedavg"], args.reuse)
         row = {"setting": setting, "fedcorr": fedcorr, "fedavg": fedavg, "fedcorr_plateau": None,
                "fedavg_plateau": None}
-        if args.plateau_cap:
-            row["fedavg_plateau"] = run([*scene, "strategy=fedavg", f"strategy.num_rounds={args.plateau_cap}",
-                                         f"out_dir={tag}/fedavg-plateau"], args.reuse)
-            row["fedcorr_plateau"] = run([*scene, "strategy=fedcorr", f"strategy.t3={args.plateau_cap}",
-                                          f"out_dir={tag}/fedcorr-plateau"], args.reuse)
+        for name, choice in plateau_runs.items():
+            row[name.replace("-", "_")] = run([*scene, *choice, f"out_dir={tag}/{name}"], args.reuse)
         rows.append(row)
 
     strategy = rows[0]["fedcorr"]["config"]["strategy"]

@@ -25,12 +25,34 @@ PLATEAU_POINTS = 0.003
 
 
 def finished_results(out_dir: str, config: dict[str, Any]) -> dict[str, Any] | None:
-    """The results in ``out_dir`` if that run completed with exactly ``config``; else None."""
+    """The results in ``out_dir`` if that run completed with exactly ``config``; else None.
+
+    A completed run there with a different config is an error rather than a rerun: rerunning would
+    overwrite hours of finished work because, say, a default changed since. The message names the
+    differing keys so the user can decide (remove the folder, or run without --reuse)."""
     path = Path(out_dir) / "results.json"
     if not path.is_file():
         return None
     payload = json.loads(path.read_text())
-    return payload if payload.get("complete") and payload.get("config") == config else None
+    if not payload.get("complete"):
+        return None
+    if payload.get("config") != config:
+        changed = ", ".join(differing_keys(payload.get("config") or {}, config)[:8])
+        raise ConfigError(f"{path} holds a finished run with another config (differs in: {changed}); "
+                          f"--reuse will not overwrite it: remove {out_dir} to rerun it, or run without --reuse")
+    return payload
+
+
+def differing_keys(old: dict[str, Any], new: dict[str, Any], prefix: str = "") -> list[str]:
+    """Dotted paths of the keys whose values differ between two nested configs (added or removed too)."""
+    keys = []
+    for key in sorted(set(old) | set(new), key=str):
+        a, b = old.get(key), new.get(key)
+        if isinstance(a, dict) and isinstance(b, dict):
+            keys += differing_keys(a, b, f"{prefix}{key}.")
+        elif key not in old or key not in new or a != b:
+            keys.append(f"{prefix}{key}")
+    return keys
 
 
 def run(overrides: list[str], reuse: bool = False) -> dict[str, Any]:
@@ -54,10 +76,14 @@ def main_with_clear_errors(main: Callable[[], None]) -> None:
         sys.exit(2)
 
 
-def check_all(runs: list[list[str]]) -> None:
-    """Compose and check every planned run before the first starts: a typo fails in seconds, not hours."""
+def check_all(runs: list[list[str]], reuse: bool = False) -> None:
+    """Compose and check every planned run before the first starts: a typo, or (with ``reuse``) a
+    finished run whose config changed, fails in seconds, not hours."""
     for overrides in runs:
-        check_run_config(compose_config(overrides))
+        cfg = compose_config(overrides)
+        check_run_config(cfg)
+        if reuse:
+            finished_results(cfg.out_dir, OmegaConf.to_container(cfg, resolve=True))
 
 
 def plateau(accuracies: list[float]) -> tuple[int | None, float | None]:

@@ -42,7 +42,7 @@ def main() -> None:
         for name in WITH_FEDCORR:
             plan[rho, f"fedcorr+{name}"] = [*scene, "strategy=fedcorr", f"strategy.stage3={name}",
                                             f"out_dir={tag}/fedcorr+{name}"]
-    check_all(list(plan.values()))
+    check_all(list(plan.values()), args.reuse)
     table: dict[str, dict[str, dict]] = {rho: {} for rho in args.rhos}
     for (rho, column), overrides in plan.items():
         table[rho][column] = run(overrides, args.reuse)
