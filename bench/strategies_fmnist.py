@@ -8,7 +8,7 @@ For every rho: FedAvg, FedProx, FedDyn, FedMedian and PoC standalone, and FedCor
 FedDyn, FedMedian and PoC, each spending exactly ``--budget`` client participations (``comm_budget``;
 FedCorr's stage 3 gets what its stages 1-2 leave). Defaults: experiment=fmnist (100 clients IID,
 LeNet-5) and the strategies' conf/ settings. Prints best (and final) test accuracy per method; every
-run's results.json stays under outputs/bench-strategies/. --reuse skips runs already finished with
+run's results.json stays under outputs/bench-strategies/<experiment>-budget<B>/. --reuse skips runs already finished with
 the same config, so a long benchmark resumes where it stopped.
 """
 
@@ -36,7 +36,7 @@ def main() -> None:
     plan: dict[tuple[str, str], list[str]] = {}
     for rho in args.rhos:
         scene = [*base, "noise=fedcorr", f"noise.rho={rho}", f"noise.tau={args.tau}"]
-        tag = f"outputs/bench-strategies/rho{rho}-tau{args.tau}"
+        tag = f"outputs/bench-strategies/{args.experiment}-budget{args.budget}/rho{rho}-tau{args.tau}"
         for name in STANDALONE:
             plan[rho, name] = [*scene, f"strategy={name}", f"out_dir={tag}/{name}"]
         for name in WITH_FEDCORR:
