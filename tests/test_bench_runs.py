@@ -1,0 +1,65 @@
+"""Resuming benchmarks (bench/runs.py): a finished run is reused only when its config is the same, and
+a finished run with another config is never overwritten by --reuse."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+from omegaconf import OmegaConf
+
+from conf import compose_config
+from data.errors import ConfigError
+
+# bench/ is not a package and its data.py would shadow ours on sys.path, so load runs.py by path.
+_spec = importlib.util.spec_from_file_location("bench_runs", Path(__file__).parents[1] / "bench" / "runs.py")
+runs = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(runs)
+
+
+def write_results(out_dir: Path, config: dict, complete: bool = True) -> Path:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    path = out_dir / "results.json"
+    path.write_text(json.dumps({"complete": complete, "config": config, "rounds": [], "summary": {"best_acc": 0.5}}))
+    return path
+
+
+@pytest.fixture
+def planned(tmp_path: Path) -> tuple[list[str], dict]:
+    overrides = ["experiment=smoke", "strategy=fedavg", f"out_dir={tmp_path / 'fedavg'}"]
+    return overrides, OmegaConf.to_container(compose_config(overrides), resolve=True)
+
+
+def test_reuse_returns_a_finished_run_with_the_same_config_without_running(planned, tmp_path):
+    overrides, config = planned
+    write_results(tmp_path / "fedavg", config)
+    assert runs.run(overrides, reuse=True)["summary"] == {"best_acc": 0.5}
+
+
+def test_an_unfinished_run_is_not_reused(planned, tmp_path):
+    overrides, config = planned
+    write_results(tmp_path / "fedavg", config, complete=False)
+    assert runs.finished_results(str(tmp_path / "fedavg"), config) is None
+    assert runs.finished_results(str(tmp_path / "elsewhere"), config) is None
+
+
+def test_reuse_refuses_to_overwrite_a_finished_run_whose_config_changed(planned, tmp_path):
+    overrides, config = planned
+    stale = {**config, "seed": config["seed"] + 1, "strategy": {**config["strategy"], "lr": 0.5}}
+    path = write_results(tmp_path / "fedavg", stale)
+    before = path.read_text()
+    for attempt in (lambda: runs.check_all([overrides], reuse=True), lambda: runs.run(overrides, reuse=True)):
+        with pytest.raises(ConfigError) as err:
+            attempt()
+        assert "seed" in str(err.value) and "strategy.lr" in str(err.value)
+        assert str(tmp_path / "fedavg") in str(err.value)
+    assert path.read_text() == before
+    runs.check_all([overrides], reuse=False)  # without --reuse a rerun is what was asked for
+
+
+def test_differing_keys_names_changed_added_and_removed_nested_keys():
+    old = {"a": 1, "b": {"c": 2, "d": 3}, "gone": 0}
+    new = {"a": 1, "b": {"c": 2, "d": 4, "e": None}, "added": None}
+    assert runs.differing_keys(old, new) == ["added", "b.d", "b.e", "gone"]
