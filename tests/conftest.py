@@ -57,3 +57,21 @@ def node_context():
                        run_config={"overrides": overrides})
 
     return build
+
+
+
+@pytest.fixture(scope="session")
+def prepared_run(tmp_path_factory: pytest.TempPathFactory):
+    """``prepared_run(overrides)``: the scene for ``overrides`` prepared under a fresh out_dir, as the
+    handlers see it: (overrides with that out_dir, the scene, the initial global arrays)."""
+    from conf import compose_config
+    from data.scene import prepare_scene
+    from server.run import initial_arrays
+
+    def prepare(overrides: str):
+        overrides = f"{overrides} out_dir={tmp_path_factory.mktemp('run')}"
+        cfg = compose_config(overrides.split())
+        scene, dataset, _ = prepare_scene(cfg)
+        return overrides, scene, initial_arrays(cfg, dataset)
+
+    return prepare

@@ -5,21 +5,14 @@ import pytest
 from flwr.app import ConfigRecord, Context, RecordDict
 
 from client import app as client_app
-from conf import compose_config
-from data.scene import prepare_scene
-from server.run import initial_arrays
 
 TRAIN = {"lr": 0.05, "momentum": 0.5, "weight_decay": 0.0, "epochs": 1, "batch_size": 16,
          "mixup_alpha": 0.0, "prox_weight": 0.0, "prox_norm": "squared"}
 
 
 @pytest.fixture(scope="module")
-def run(tmp_path_factory):
-    out = tmp_path_factory.mktemp("client-app")
-    overrides = f"experiment=smoke out_dir={out}"
-    cfg = compose_config(overrides.split())
-    scene, dataset, _ = prepare_scene(cfg)
-    return overrides, scene, initial_arrays(cfg, dataset)
+def run(prepared_run):
+    return prepared_run("experiment=smoke")
 
 
 def test_info_reports_partition_and_size(run, incoming, node_context):

@@ -9,21 +9,14 @@ from flwr.app import ConfigRecord, Context, RecordDict
 from client import app as client_app
 from client import node as client_node
 from client.label_state import current_labels
-from conf import compose_config
-from data.scene import prepare_scene
-from server.run import initial_arrays
 
 TRAIN = {"lr": 0.05, "momentum": 0.5, "weight_decay": 0.0, "epochs": 1, "batch_size": 16,
          "mixup_alpha": 1.0, "prox_weight": 0.5, "prox_norm": "squared"}
 
 
 @pytest.fixture(scope="module")
-def run(tmp_path_factory):
-    out = tmp_path_factory.mktemp("fedcorr-client")
-    overrides = f"experiment=smoke strategy=fedcorr out_dir={out} noise.rho=1.0 noise.tau=0.5"
-    cfg = compose_config(overrides.split())
-    scene, dataset, _ = prepare_scene(cfg)
-    return overrides, scene, initial_arrays(cfg, dataset)
+def run(prepared_run):
+    return prepared_run("experiment=smoke strategy=fedcorr noise.rho=1.0 noise.tau=0.5")
 
 
 def correct(incoming, context: Context, arrays, **config) -> dict:
