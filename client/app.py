@@ -66,13 +66,14 @@ def train(message: Message, context: Context) -> Message:
     if alpha is not None:
         # FedDyn's quadratic term is alpha/2 ||w - w_global||^2: the squared proximal term.
         config.update(prox_weight=float(alpha) / 2, prox_norm="squared")
-        correction = load_correction(context, node.partition_id, node.new_model())
+        names = node.parameter_names
+        correction = load_correction(context, node.partition_id, {name: global_state[name] for name in names})
     model, metrics = local_update(node, global_state, config, server_round,
                                   labels=current_labels(context, node), linear_terms=correction)
     if correction is not None:
         local = dict(model.named_parameters())
-        store_correction(context, node.partition_id, model,
-                         updated_correction(correction, local, global_state, list(local), float(alpha)))
+        store_correction(context, node.partition_id, names,
+                         updated_correction(correction, local, global_state, names, float(alpha)))
     if lid.get("compute-lid"):
         probabilities = predict_proba(model, node.data.images, node.eval_transform, device=node.device)
         metrics["lid"] = lid_score(probabilities, k=int(lid.get("lid-k", 20)))

@@ -13,19 +13,19 @@ from collections.abc import Mapping
 import numpy as np
 import torch
 from flwr.app import Array, ArrayRecord, Context
-from torch import nn
 
 from client.state_store import load_record, save_record
 
 STATE_KEY = "feddyn-correction"
 
 
-def load_correction(context: Context, partition_id: int, model: nn.Module) -> list[torch.Tensor]:
-    """g_k in ``model.parameters()`` order; zeros before the client's first FedDyn round."""
-    names = [name for name, _ in model.named_parameters()]
+def load_correction(context: Context, partition_id: int, parameters: Mapping[str, torch.Tensor]) -> list[torch.Tensor]:
+    """g_k, one tensor per entry of ``parameters`` (the model's parameters by name, in order; only
+    their shapes and dtypes are used); zeros before the client's first FedDyn round."""
+    names = list(parameters)
     record = load_record(context, STATE_KEY, partition_id)
     if record is None:
-        return [torch.zeros_like(param) for param in model.parameters()]
+        return [torch.zeros_like(param) for param in parameters.values()]
     if sorted(record) != sorted(names):
         raise RuntimeError(
             f"client state holds a FedDyn correction for parameters {sorted(record)} but the model has "
@@ -46,9 +46,9 @@ def updated_correction(
             for g, name in zip(correction, names)]
 
 
-def store_correction(context: Context, partition_id: int, model: nn.Module, correction: list[torch.Tensor]) -> None:
-    """Keep g_k as client state (on disk too with a ``state-dir``) for the client's next FedDyn round."""
-    names = [name for name, _ in model.named_parameters()]
+def store_correction(context: Context, partition_id: int, names: list[str], correction: list[torch.Tensor]) -> None:
+    """Keep g_k (one tensor per parameter in ``names``) as client state, on disk too with a
+    ``state-dir``, for the client's next FedDyn round."""
     record = ArrayRecord(
         {name: Array(np.ascontiguousarray(g.detach().cpu().numpy())) for name, g in zip(names, correction)}
     )

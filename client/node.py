@@ -46,6 +46,12 @@ class LocalNode:
     def new_model(self) -> torch.nn.Module:
         return configured_model(self.cfg, self.dataset).to(self.device)
 
+    @functools.cached_property
+    def parameter_names(self) -> list[str]:
+        """The model's trainable parameters by name, in ``parameters()`` order (the state dict also
+        holds buffers). Built once per cached node, not once per round."""
+        return [name for name, _ in self.new_model().named_parameters()]
+
     def generator(self, server_round: int, purpose: str = "train") -> torch.Generator:
         """A torch generator for this client, round and purpose, derived from the run's seed, so
         results do not depend on which process or in which order clients run."""

@@ -105,14 +105,15 @@ def test_feddyn_sends_alpha_and_decays_the_learning_rate():
 
 
 def test_feddyn_client_state_survives_a_new_context_record():
-    model = torch.nn.Linear(2, 1)
+    parameters = dict(torch.nn.Linear(2, 1).named_parameters())
     context = Context(run_id=1, node_id=1, node_config={}, state=RecordDict(), run_config={})
-    assert all(torch.equal(g, torch.zeros_like(p)) for g, p in zip(load_correction(context, 0, model), model.parameters()))
-    stored = [torch.full_like(p, 3.0) for p in model.parameters()]
-    store_correction(context, 0, model, stored)
-    assert all(torch.equal(a, b) for a, b in zip(load_correction(context, 0, model), stored))
+    zeros = load_correction(context, 0, parameters)
+    assert [g.shape for g in zeros] == [p.shape for p in parameters.values()] and all(not g.any() for g in zeros)
+    stored = [torch.full_like(p, 3.0) for p in parameters.values()]
+    store_correction(context, 0, list(parameters), stored)
+    assert all(torch.equal(a, b) for a, b in zip(load_correction(context, 0, parameters), stored))
     with pytest.raises(RuntimeError, match="model changed"):
-        load_correction(context, 0, torch.nn.Linear(2, 2, bias=False))
+        load_correction(context, 0, dict(torch.nn.Linear(2, 2, bias=False).named_parameters()))
 
 
 # --- FedMedian ---------------------------------------------------------------------------------------
