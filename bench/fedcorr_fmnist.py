@@ -50,8 +50,10 @@ def main() -> None:
     settings = [parse_setting(setting) for setting in args.settings]
     scenes = {f"({rho}, {tau})": ([*base, "noise=fedcorr", f"noise.rho={rho}", f"noise.tau={tau}"],
                                   f"outputs/bench-fedcorr/rho{rho}-tau{tau}") for rho, tau in settings}
-    plateau_runs = {"fedavg-plateau": ["strategy=fedavg", f"strategy.num_rounds={args.plateau_cap}"],
-                    "fedcorr-plateau": ["strategy=fedcorr", f"strategy.t3={args.plateau_cap}"]} if args.plateau_cap else {}
+    plateau_runs = {}
+    if args.plateau_cap:
+        plateau_runs = {"fedavg-plateau": ["strategy=fedavg", f"strategy.num_rounds={args.plateau_cap}"],
+                        "fedcorr-plateau": ["strategy=fedcorr", f"strategy.t3={args.plateau_cap}"]}
     # FedAvg's equal-cost run is planned after FedCorr's cost is known, so it is checked when it starts.
     check_all([[*scene, *choice, f"out_dir={tag}/{name}"] for scene, tag in scenes.values()
                for name, choice in {"fedcorr": ["strategy=fedcorr"], **plateau_runs}.items()], args.reuse)

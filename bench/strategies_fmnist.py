@@ -8,8 +8,8 @@ For every rho: FedAvg, FedProx, FedDyn, FedMedian and PoC standalone, and FedCor
 FedDyn, FedMedian and PoC, each spending exactly ``--budget`` client participations (``comm_budget``;
 FedCorr's stage 3 gets what its stages 1-2 leave). Defaults: experiment=fmnist (100 clients IID,
 LeNet-5) and the strategies' conf/ settings. Prints best (and final) test accuracy per method; every
-run's results.json stays under outputs/bench-strategies/<experiment>-budget<B>/. --reuse skips runs already finished with
-the same config, so a long benchmark resumes where it stopped.
+run's results.json stays under outputs/bench-strategies/<experiment>-budget<B>/. --reuse skips runs
+already finished with the same config, so a long benchmark resumes where it stopped.
 """
 
 from __future__ import annotations

@@ -59,7 +59,6 @@ def node_context():
     return build
 
 
-
 @pytest.fixture(scope="session")
 def prepared_run(tmp_path_factory: pytest.TempPathFactory):
     """``prepared_run(overrides)``: the scene for ``overrides`` prepared under a fresh out_dir, as the
