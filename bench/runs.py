@@ -55,6 +55,12 @@ def differing_keys(old: dict[str, Any], new: dict[str, Any], prefix: str = "") -
     return keys
 
 
+def finished(overrides: list[str]) -> dict[str, Any] | None:
+    """The results of this planned run if it finished with the same config; runs nothing."""
+    cfg = compose_config(overrides)
+    return finished_results(cfg.out_dir, OmegaConf.to_container(cfg, resolve=True))
+
+
 def run(overrides: list[str], reuse: bool = False) -> dict[str, Any]:
     """One simulation with these Hydra overrides. ``reuse``: return a finished run with the same
     resolved config instead of running it again (so a long benchmark can be stopped and resumed)."""

@@ -2,7 +2,8 @@
 two stages, beside FedAvg and FedProx, all at one communication budget.
 
     .venv/bin/python bench/strategies_fmnist.py [--rhos 0.4 0.6 0.8] [--tau 0.5] [--budget 600]
-                                                [--experiment fmnist] [--reuse] [-- Hydra overrides]
+                                                [--experiment fmnist] [--reuse | --report]
+                                                [-- Hydra overrides]
 
 For every rho: FedAvg, FedProx, FedDyn, FedMedian and PoC standalone, and FedCorr with stage 3 =
 FedDyn, FedMedian and PoC, each spending exactly ``--budget`` client participations (``comm_budget``;
@@ -16,7 +17,7 @@ from __future__ import annotations
 
 import argparse
 
-from runs import check_all, main_with_clear_errors, run
+from runs import check_all, finished, main_with_clear_errors, run
 
 STANDALONE = ("fedavg", "fedprox", "feddyn", "fedmedian", "poc")
 WITH_FEDCORR = ("feddyn", "fedmedian", "poc")
@@ -29,6 +30,8 @@ def main() -> None:
     parser.add_argument("--budget", type=int, default=600, help="client participations per run")
     parser.add_argument("--experiment", default="fmnist", help="conf/experiment preset (smoke: a quick check)")
     parser.add_argument("--reuse", action="store_true", help="reuse finished runs with the same config")
+    parser.add_argument("--report", action="store_true",
+                        help="run nothing: print the table of the runs finished so far ('-' for the others)")
     parser.add_argument("overrides", nargs="*", default=[])
     args = parser.parse_args()
     base = [f"experiment={args.experiment}", f"comm_budget={args.budget}", *args.overrides]
@@ -42,18 +45,19 @@ def main() -> None:
         for name in WITH_FEDCORR:
             plan[rho, f"fedcorr+{name}"] = [*scene, "strategy=fedcorr", f"strategy.stage3={name}",
                                             f"out_dir={tag}/fedcorr+{name}"]
-    check_all(list(plan.values()), args.reuse)
-    table: dict[str, dict[str, dict]] = {rho: {} for rho in args.rhos}
+    check_all(list(plan.values()), args.reuse or args.report)
+    table: dict[str, dict[str, dict | None]] = {rho: {} for rho in args.rhos}
     for (rho, column), overrides in plan.items():
-        table[rho][column] = run(overrides, args.reuse)
+        table[rho][column] = finished(overrides) if args.report else run(overrides, args.reuse)
 
     print(f"\nexperiment={args.experiment}, tau = {args.tau}, overrides {args.overrides}; best/final test "
           f"accuracy (%) at comm_budget={args.budget} client participations")
     print(f"{'rho':<5}" + "".join(f"{name:>19}" for name in columns))
     for rho, row in table.items():
-        cells = [f"{100 * row[c]['summary']['best_acc']:.2f}/{100 * row[c]['summary']['final_acc']:.2f}" for c in columns]
+        cells = ["-" if row[c] is None else f"{100 * row[c]['summary']['best_acc']:.2f}/"
+                 f"{100 * row[c]['summary']['final_acc']:.2f}" for c in columns]
         print(f"{rho:<5}" + "".join(f"{cell:>19}" for cell in cells))
-    spent = sorted({row[c]["summary"]["comm_cost"] for row in table.values() for c in columns})
+    spent = sorted({row[c]["summary"]["comm_cost"] for row in table.values() for c in columns if row[c]})
     print(f"participations spent per run: {spent} (FedCorr spends less when its clean set is smaller than a "
           "finetuning round)")
 

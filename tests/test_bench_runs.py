@@ -34,7 +34,9 @@ def planned(tmp_path: Path) -> tuple[list[str], dict]:
 
 def test_reuse_returns_a_finished_run_with_the_same_config_without_running(planned, tmp_path):
     overrides, config = planned
+    assert runs.finished(overrides) is None
     write_results(tmp_path / "fedavg", config)
+    assert runs.finished(overrides)["summary"] == {"best_acc": 0.5}
     assert runs.run(overrides, reuse=True)["summary"] == {"best_acc": 0.5}
 
 
