@@ -8,7 +8,8 @@ two stages, beside FedAvg and FedProx, all at one communication budget.
 For every rho: FedAvg, FedProx, FedDyn, FedMedian and PoC standalone, and FedCorr with stage 3 =
 FedDyn, FedMedian and PoC, each spending exactly ``--budget`` client participations (``comm_budget``;
 FedCorr's stage 3 gets what its stages 1-2 leave). Defaults: experiment=fmnist (100 clients IID,
-LeNet-5) and the strategies' conf/ settings. Prints best (and final) test accuracy per method; every
+LeNet-5) and the strategies' conf/ settings. Prints best (and final) test accuracy per method and
+the share of participations that went to noisy clients (Power-of-Choice favours high loss); every
 run's results.json stays under outputs/bench-strategies/<experiment>-budget<B>/. --reuse skips runs
 already finished with the same config, so a long benchmark resumes where it stopped.
 """
@@ -16,8 +17,16 @@ already finished with the same config, so a long benchmark resumes where it stop
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
+import numpy as np
 from runs import check_all, finished, main_with_clear_errors, run
+
+# Imported after runs, which puts the project root ahead of bench/ (whose data.py is not our package).
+from data.scene import SCENE_FILE, Scene  # noqa: E402
+
+# FedCorr's own stages: every client trains in stage 1, only clean ones in stage 2.
+FEDCORR_STAGES = ("preprocess", "finetune")
 
 STANDALONE = ("fedavg", "fedprox", "feddyn", "fedmedian", "poc")
 WITH_FEDCORR = ("feddyn", "fedmedian", "poc")
@@ -60,6 +69,20 @@ def main() -> None:
     spent = sorted({row[c]["summary"]["comm_cost"] for row in table.values() for c in columns if row[c]})
     print(f"participations spent per run: {spent} (FedCorr spends less when its clean set is smaller than a "
           "finetuning round)")
+    print("\nshare of participations (%) that went to noisy clients (FedCorr: stage 3 only)")
+    print(f"{'rho':<5}" + "".join(f"{name:>19}" for name in columns))
+    for rho, row in table.items():
+        cells = ["-" if row[c] is None else f"{100 * noisy_share(row[c]):.1f}" for c in columns]
+        print(f"{rho:<5}" + "".join(f"{cell:>19}" for cell in cells))
+
+
+def noisy_share(payload: dict) -> float:
+    """The share of a run's training participations (stage 3 for FedCorr) by clients the scene made
+    noisy: Power-of-Choice asks for high-loss clients, and under label noise those are the noisy ones."""
+    scene = Scene.load(Path(payload["config"]["out_dir"]) / SCENE_FILE)
+    chosen = [client for entry in payload["rounds"] if entry["stage"] not in FEDCORR_STAGES
+              for client in entry["clients"]]
+    return float(np.mean(scene.noise_level[chosen] > 0))
 
 
 if __name__ == "__main__":
