@@ -13,7 +13,7 @@ from typing import Any
 os.environ.setdefault("FLWR_TELEMETRY_ENABLED", "0")
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from omegaconf import OmegaConf  # noqa: E402
+from omegaconf import DictConfig, OmegaConf  # noqa: E402
 
 import sim  # noqa: E402
 from conf import compose_config  # noqa: E402
@@ -57,7 +57,11 @@ def differing_keys(old: dict[str, Any], new: dict[str, Any], prefix: str = "") -
 
 def finished(overrides: list[str]) -> dict[str, Any] | None:
     """The results of this planned run if it finished with the same config; runs nothing."""
-    cfg = compose_config(overrides)
+    return finished_run(compose_config(overrides))
+
+
+def finished_run(cfg: DictConfig) -> dict[str, Any] | None:
+    """``finished_results`` for a composed config: its out_dir, its resolved values."""
     return finished_results(cfg.out_dir, OmegaConf.to_container(cfg, resolve=True))
 
 
@@ -66,7 +70,7 @@ def run(overrides: list[str], reuse: bool = False) -> dict[str, Any]:
     resolved config instead of running it again (so a long benchmark can be stopped and resumed)."""
     cfg = compose_config(overrides)
     if reuse:
-        done = finished_results(cfg.out_dir, OmegaConf.to_container(cfg, resolve=True))
+        done = finished_run(cfg)
         if done is not None:
             print(f"reusing {cfg.out_dir}/results.json", flush=True)
             return done
@@ -89,7 +93,7 @@ def check_all(runs: list[list[str]], reuse: bool = False) -> None:
         cfg = compose_config(overrides)
         check_run_config(cfg)
         if reuse:
-            finished_results(cfg.out_dir, OmegaConf.to_container(cfg, resolve=True))
+            finished_run(cfg)
 
 
 def plateau(accuracies: list[float]) -> tuple[int | None, float | None]:

@@ -17,6 +17,7 @@ already finished with the same config, so a long benchmark resumes where it stop
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -61,19 +62,20 @@ def main() -> None:
 
     print(f"\nexperiment={args.experiment}, tau = {args.tau}, overrides {args.overrides}; best/final test "
           f"accuracy (%) at comm_budget={args.budget} client participations")
-    print(f"{'rho':<5}" + "".join(f"{name:>19}" for name in columns))
-    for rho, row in table.items():
-        cells = ["-" if row[c] is None else f"{100 * row[c]['summary']['best_acc']:.2f}/"
-                 f"{100 * row[c]['summary']['final_acc']:.2f}" for c in columns]
-        print(f"{rho:<5}" + "".join(f"{cell:>19}" for cell in cells))
+    print_table(table, columns, lambda run: f"{100 * run['summary']['best_acc']:.2f}/"
+                                            f"{100 * run['summary']['final_acc']:.2f}")
     spent = sorted({row[c]["summary"]["comm_cost"] for row in table.values() for c in columns if row[c]})
     print(f"participations spent per run: {spent} (FedCorr spends less when its clean set is smaller than a "
           "finetuning round)")
     print("\nshare of participations (%) that went to noisy clients (FedCorr: stage 3 only)")
+    print_table(table, columns, lambda run: f"{100 * noisy_share(run):.1f}")
+
+
+def print_table(table: dict[str, dict[str, dict | None]], columns: list[str], cell: Callable[[dict], str]) -> None:
+    """One row per rho, one column per method; '-' where the run has not finished."""
     print(f"{'rho':<5}" + "".join(f"{name:>19}" for name in columns))
     for rho, row in table.items():
-        cells = ["-" if row[c] is None else f"{100 * noisy_share(row[c]):.1f}" for c in columns]
-        print(f"{rho:<5}" + "".join(f"{cell:>19}" for cell in cells))
+        print(f"{rho:<5}" + "".join(f"{'-' if row[c] is None else cell(row[c]):>19}" for c in columns))
 
 
 def noisy_share(payload: dict) -> float:
