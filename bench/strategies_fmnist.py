@@ -2,7 +2,8 @@
 two stages, beside FedAvg and FedProx, all at one communication budget.
 
     .venv/bin/python bench/strategies_fmnist.py [--rhos 0.4 0.6 0.8] [--tau 0.5] [--budget 600]
-                                                [--experiment fmnist] [--reuse | --report]
+                                                [--experiment fmnist] [--methods NAME ...]
+                                                [--reuse | --report]
                                                 [-- Hydra overrides]
 
 For every rho: FedAvg, FedProx, FedDyn, FedMedian and PoC standalone, and FedCorr with stage 3 =
@@ -11,7 +12,8 @@ FedCorr's stage 3 gets what its stages 1-2 leave). Defaults: experiment=fmnist (
 LeNet-5) and the strategies' conf/ settings. Prints best (and final) test accuracy per method and
 the share of participations that went to noisy clients (Power-of-Choice favours high loss); every
 run's results.json stays under outputs/bench-strategies/<experiment>-budget<B>/. --reuse skips runs
-already finished with the same config, so a long benchmark resumes where it stopped.
+already finished with the same config, so a long benchmark resumes where it stopped; --methods runs
+(or reports) only some columns, so two processes can share the table's runs without running one twice.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ FEDCORR_STAGES = ("preprocess", "finetune")
 
 STANDALONE = ("fedavg", "fedprox", "feddyn", "fedmedian", "poc")
 WITH_FEDCORR = ("feddyn", "fedmedian", "poc")
+COLUMNS = (*STANDALONE, *(f"fedcorr+{name}" for name in WITH_FEDCORR))
 
 
 def main() -> None:
@@ -39,22 +42,23 @@ def main() -> None:
     parser.add_argument("--tau", default="0.5")
     parser.add_argument("--budget", type=int, default=600, help="client participations per run")
     parser.add_argument("--experiment", default="fmnist", help="conf/experiment preset (smoke: a quick check)")
+    parser.add_argument("--methods", nargs="+", choices=COLUMNS, default=list(COLUMNS), metavar="NAME",
+                        help=f"the columns to run or report, of {', '.join(COLUMNS)} (default: all)")
     parser.add_argument("--reuse", action="store_true", help="reuse finished runs with the same config")
     parser.add_argument("--report", action="store_true",
                         help="run nothing: print the table of the runs finished so far ('-' for the others)")
     parser.add_argument("overrides", nargs="*", default=[])
     args = parser.parse_args()
     base = [f"experiment={args.experiment}", f"comm_budget={args.budget}", *args.overrides]
-    columns = [*STANDALONE, *(f"fedcorr+{name}" for name in WITH_FEDCORR)]
+    columns = [name for name in COLUMNS if name in args.methods]
     plan: dict[tuple[str, str], list[str]] = {}
     for rho in args.rhos:
         scene = [*base, "noise=fedcorr", f"noise.rho={rho}", f"noise.tau={args.tau}"]
         tag = f"outputs/bench-strategies/{args.experiment}-budget{args.budget}/rho{rho}-tau{args.tau}"
-        for name in STANDALONE:
-            plan[rho, name] = [*scene, f"strategy={name}", f"out_dir={tag}/{name}"]
-        for name in WITH_FEDCORR:
-            plan[rho, f"fedcorr+{name}"] = [*scene, "strategy=fedcorr", f"strategy.stage3={name}",
-                                            f"out_dir={tag}/fedcorr+{name}"]
+        for column in columns:
+            stage3 = column.removeprefix("fedcorr+")
+            strategy = [f"strategy={column}"] if stage3 == column else ["strategy=fedcorr", f"strategy.stage3={stage3}"]
+            plan[rho, column] = [*scene, *strategy, f"out_dir={tag}/{column}"]
     check_all(list(plan.values()), args.reuse or args.report)
     table: dict[str, dict[str, dict | None]] = {rho: {} for rho in args.rhos}
     for (rho, column), overrides in plan.items():
