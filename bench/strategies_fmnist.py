@@ -49,16 +49,8 @@ def main() -> None:
                         help="run nothing: print the table of the runs finished so far ('-' for the others)")
     parser.add_argument("overrides", nargs="*", default=[])
     args = parser.parse_args()
-    base = [f"experiment={args.experiment}", f"comm_budget={args.budget}", *args.overrides]
     columns = [name for name in COLUMNS if name in args.methods]
-    plan: dict[tuple[str, str], list[str]] = {}
-    for rho in args.rhos:
-        scene = [*base, "noise=fedcorr", f"noise.rho={rho}", f"noise.tau={args.tau}"]
-        tag = f"outputs/bench-strategies/{args.experiment}-budget{args.budget}/rho{rho}-tau{args.tau}"
-        for column in columns:
-            stage3 = column.removeprefix("fedcorr+")
-            strategy = [f"strategy={column}"] if stage3 == column else ["strategy=fedcorr", f"strategy.stage3={stage3}"]
-            plan[rho, column] = [*scene, *strategy, f"out_dir={tag}/{column}"]
+    plan = plan_cells(args.rhos, args.tau, args.budget, args.experiment, columns, args.overrides)
     check_all(list(plan.values()), args.reuse or args.report)
     table: dict[str, dict[str, dict | None]] = {rho: {} for rho in args.rhos}
     for (rho, column), overrides in plan.items():
@@ -73,6 +65,21 @@ def main() -> None:
           "finetuning round)")
     print("\nshare of participations (%) that went to noisy clients (FedCorr: stage 3 only)")
     print_table(table, columns, lambda run: f"{100 * noisy_share(run):.1f}")
+
+
+def plan_cells(rhos: list[str], tau: str, budget: int, experiment: str, columns: list[str],
+               overrides: list[str]) -> dict[tuple[str, str], list[str]]:
+    """The Hydra overrides of every (rho, column) cell; each cell writes to its own out_dir."""
+    base = [f"experiment={experiment}", f"comm_budget={budget}", *overrides]
+    plan: dict[tuple[str, str], list[str]] = {}
+    for rho in rhos:
+        scene = [*base, "noise=fedcorr", f"noise.rho={rho}", f"noise.tau={tau}"]
+        tag = f"outputs/bench-strategies/{experiment}-budget{budget}/rho{rho}-tau{tau}"
+        for column in columns:
+            stage3 = column.removeprefix("fedcorr+")
+            strategy = [f"strategy={column}"] if stage3 == column else ["strategy=fedcorr", f"strategy.stage3={stage3}"]
+            plan[rho, column] = [*scene, *strategy, f"out_dir={tag}/{column}"]
+    return plan
 
 
 def print_table(table: dict[str, dict[str, dict | None]], columns: list[str], cell: Callable[[dict], str]) -> None:

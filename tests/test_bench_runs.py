@@ -1,10 +1,12 @@
 """Resuming benchmarks (bench/runs.py): a finished run is reused only when its config is the same, and
-a finished run with another config is never overwritten by --reuse."""
+a finished run with another config is never overwritten by --reuse. And the strategy bench's cells
+(bench/strategies_fmnist.py) compose into the configs their columns name."""
 
 from __future__ import annotations
 
 import importlib.util
 import json
+import sys
 from pathlib import Path
 
 import pytest
@@ -13,10 +15,20 @@ from omegaconf import OmegaConf
 from conf import compose_config
 from data.errors import ConfigError
 
-# bench/ is not a package and its data.py would shadow ours on sys.path, so load runs.py by path.
-_spec = importlib.util.spec_from_file_location("bench_runs", Path(__file__).parents[1] / "bench" / "runs.py")
-runs = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(runs)
+BENCH = Path(__file__).parents[1] / "bench"
+
+
+def load_bench(name: str):
+    # bench/ is not a package and its data.py would shadow ours on sys.path, so load scripts by path;
+    # registered under their own names because the scripts import runs that way.
+    spec = importlib.util.spec_from_file_location(name, BENCH / f"{name}.py")
+    module = sys.modules[name] = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+runs = load_bench("runs")
+strategies_bench = load_bench("strategies_fmnist")
 
 
 def write_results(out_dir: Path, config: dict, complete: bool = True) -> Path:
@@ -65,3 +77,23 @@ def test_differing_keys_names_changed_added_and_removed_nested_keys():
     old = {"a": 1, "b": {"c": 2, "d": 3}, "gone": 0}
     new = {"a": 1, "b": {"c": 2, "d": 4, "e": None}, "added": None}
     assert runs.differing_keys(old, new) == ["added", "b.d", "b.e", "gone"]
+
+
+def test_strategy_bench_cells_compose_into_the_strategies_their_columns_name():
+    columns = list(strategies_bench.COLUMNS)
+    plan = strategies_bench.plan_cells(["0.4", "0.8"], "0.5", 600, "fmnist", columns, ["seed=3"])
+    assert sorted(plan) == sorted((rho, column) for rho in ("0.4", "0.8") for column in columns)
+    out_dirs = set()
+    for (rho, column), overrides in plan.items():
+        cfg = compose_config(overrides)
+        assert (cfg.noise.rho, cfg.noise.tau, cfg.comm_budget, cfg.seed) == (float(rho), 0.5, 600, 3)
+        if column.startswith("fedcorr+"):
+            assert (cfg.strategy.name, cfg.strategy.stage3) == ("fedcorr", column.removeprefix("fedcorr+"))
+        else:
+            assert cfg.strategy.name == column
+        out_dirs.add(cfg.out_dir)
+    assert len(out_dirs) == len(plan)  # no two cells write to one folder
+    # A --methods split plans the same cells as the whole table, so split processes share the results.
+    whole = strategies_bench.plan_cells(["0.6"], "0.5", 600, "fmnist", columns, [])
+    subset = strategies_bench.plan_cells(["0.6"], "0.5", 600, "fmnist", ["poc", "fedcorr+poc"], [])
+    assert subset == {cell: whole[cell] for cell in [("0.6", "poc"), ("0.6", "fedcorr+poc")]}
