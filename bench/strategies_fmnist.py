@@ -10,7 +10,8 @@ For every rho: FedAvg, FedProx, FedDyn, FedMedian and PoC standalone, and FedCor
 FedDyn, FedMedian and PoC, each spending exactly ``--budget`` client participations (``comm_budget``;
 FedCorr's stage 3 gets what its stages 1-2 leave). Defaults: experiment=fmnist (100 clients IID,
 LeNet-5) and the strategies' conf/ settings. Prints best (and final) test accuracy per method and
-the share of participations that went to noisy clients (Power-of-Choice favours high loss); every
+the share of participations that went to noisy clients (Power-of-Choice favours high loss), and
+what FedCorr's stages 1-2 reached (a FedCorr run's best may come from them rather than stage 3); every
 run's results.json stays under outputs/bench-strategies/<experiment>-budget<B>/. --reuse skips runs
 already finished with the same config, so a long benchmark resumes where it stopped; --methods runs
 (or reports) only some columns, so two processes can share the table's runs without running one twice.
@@ -65,6 +66,7 @@ def main() -> None:
           "finetuning round)")
     print("\nshare of participations (%) that went to noisy clients (FedCorr: stage 3 only)")
     print_table(table, columns, lambda run: f"{100 * noisy_share(run):.1f}")
+    print_shared_stages(table)
 
 
 def plan_cells(rhos: list[str], tau: str, budget: int, experiment: str, columns: list[str],
@@ -87,6 +89,26 @@ def print_table(table: dict[str, dict[str, dict | None]], columns: list[str], ce
     print(f"{'rho':<5}" + "".join(f"{name:>19}" for name in columns))
     for rho, row in table.items():
         print(f"{rho:<5}" + "".join(f"{'-' if row[c] is None else cell(row[c]):>19}" for c in columns))
+
+
+def print_shared_stages(table: dict[str, dict[str, dict | None]]) -> None:
+    """FedCorr's columns differ only in stage 3, so their best accuracy may come from the shared
+    stages 1-2; print what those stages reached (one value per rho when the runs agree, as they must)."""
+    lines = []
+    for rho, row in table.items():
+        reached = {stages_best_and_last(run) for column, run in row.items() if column.startswith("fedcorr+") and run}
+        if reached:
+            values = ", ".join(f"best {100 * best:.2f}, last {100 * last:.2f}" for best, last in sorted(reached))
+            lines.append(f"{rho:<5}{values}" + ("  (the runs disagree)" if len(reached) > 1 else ""))
+    if lines:
+        print("\nFedCorr's stages 1-2, shared by its columns: test accuracy (%) over them and at their end")
+        print("\n".join(lines))
+
+
+def stages_best_and_last(payload: dict) -> tuple[float, float]:
+    accs = [entry["test_acc"] for entry in payload["rounds"]
+            if entry["stage"] in FEDCORR_STAGES and entry["test_acc"] is not None]
+    return max(accs), accs[-1]
 
 
 def noisy_share(payload: dict) -> float:
