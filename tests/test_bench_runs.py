@@ -97,3 +97,18 @@ def test_strategy_bench_cells_compose_into_the_strategies_their_columns_name():
     whole = strategies_bench.plan_cells(["0.6"], "0.5", 600, "fmnist", columns, [])
     subset = strategies_bench.plan_cells(["0.6"], "0.5", 600, "fmnist", ["poc", "fedcorr+poc"], [])
     assert subset == {cell: whole[cell] for cell in [("0.6", "poc"), ("0.6", "fedcorr+poc")]}
+
+
+def test_strategy_bench_reports_fedcorrs_shared_stages_and_flags_runs_that_disagree(capsys):
+    def fedcorr_run(stage3_acc: float, finetune_end: float) -> dict:
+        rounds = [("preprocess", 0.70), ("preprocess", None), ("finetune", 0.86), ("finetune", finetune_end),
+                  ("usual", stage3_acc)]
+        return {"rounds": [{"stage": stage, "test_acc": acc} for stage, acc in rounds]}
+
+    assert strategies_bench.stages_best_and_last(fedcorr_run(0.95, 0.84)) == (0.86, 0.84)  # stage 3 left out
+    agree = {"fedavg": None, "fedcorr+feddyn": fedcorr_run(0.95, 0.84), "fedcorr+poc": fedcorr_run(0.80, 0.84)}
+    disagree = {"fedcorr+feddyn": fedcorr_run(0.95, 0.84), "fedcorr+poc": fedcorr_run(0.95, 0.85)}
+    strategies_bench.print_shared_stages({"0.4": agree, "0.8": disagree, "0.6": {"fedcorr+poc": None}})
+    lines = capsys.readouterr().out.strip().splitlines()[1:]
+    assert lines == ["0.4  best 86.00, last 84.00",
+                     "0.8  best 86.00, last 84.00, best 86.00, last 85.00  (the runs disagree)"]
