@@ -3,9 +3,10 @@
     python sim.py [Hydra overrides]            e.g. python sim.py experiment=smoke strategy=fedavg seed=2
     python sim.py -m seed=1,2,3                 a Hydra multirun, one simulation per seed
 
-Composes conf/, checks every value before anything starts, builds (or reuses) the scene in
-<out_dir>/scene.npz, runs the ServerApp and one virtual SuperNode per client through Flower's
-simulation engine with the Ray backend, and prints a summary. Results: <out_dir>/results.json and
+Composes conf/, checks every value once (``server.config.load_run``) before anything starts, builds
+(or reuses) the scene in <out_dir>/scene.npz, runs the ServerApp and one virtual SuperNode per client
+through Flower's simulation engine with the Ray backend, and prints a summary. A simulation knows its
+ground truth, so ``ground_truth=true`` unless overridden. Results: <out_dir>/results.json and
 <out_dir>/rounds.csv.
 """
 
@@ -23,13 +24,17 @@ import hydra  # noqa: E402
 from hydra.core.hydra_config import HydraConfig  # noqa: E402
 from omegaconf import DictConfig, OmegaConf  # noqa: E402
 
-import conf  # noqa: E402,F401  (registers the ${tag:...} resolver used by the default out_dir)
-from data.errors import ConfigError  # noqa: E402
+from common.errors import ConfigError  # noqa: E402
 from data.scene import prepare_scene  # noqa: E402
-from server.checks import check_run_config  # noqa: E402
+from server.config import load_run  # noqa: E402
+from settings.compose import CONF_DIR  # noqa: E402  (also registers the resolvers of the default out_dir)
+
+GROUND_TRUTH = "ground_truth"
 
 
 def format_summary(payload: dict) -> str:
+    """The closing table of a results payload: rounds, best/final/last-10 accuracy, cost, wall time, and
+    where results.json is."""
     summary, config = payload["summary"], payload["config"]
 
     def pct(value: float | None) -> str:
@@ -44,6 +49,15 @@ def format_summary(payload: dict) -> str:
     ])
 
 
+def with_ground_truth(cfg: DictConfig, overrides: list[str]) -> tuple[DictConfig, list[str]]:
+    """A simulation has its scene's ground truth: ``ground_truth=true`` unless the overrides set it."""
+    if any(override.lstrip("+~").split("=", 1)[0] == GROUND_TRUTH for override in overrides):
+        return cfg, overrides
+    merged = OmegaConf.merge(cfg, {GROUND_TRUTH: True})
+    assert isinstance(merged, DictConfig)
+    return merged, [*overrides, f"{GROUND_TRUTH}=true"]
+
+
 def run(cfg: DictConfig, overrides: list[str]) -> dict:
     """Check, build the scene, run the simulation; returns the results payload."""
     from client.app import app as client_app
@@ -51,26 +65,26 @@ def run(cfg: DictConfig, overrides: list[str]) -> dict:
     from server.results import read_results
     from server.simulation_engine import run_simulation_engine
 
-    check_run_config(cfg)
-    prepare_scene(cfg)
-    if not cfg.simulation.verbose:
+    cfg, overrides = with_ground_truth(cfg, overrides)
+    settings = load_run(cfg).settings
+    prepare_scene(settings.scene, settings.out_dir)
+    if not settings.simulation.verbose:
         # Our progress line per round replaces Flower's multi-line round logs.
         logging.getLogger("flwr").setLevel(logging.WARNING)
     run_simulation_engine(
         server_app,
         client_app,
-        num_supernodes=int(cfg.num_clients),
+        num_supernodes=settings.num_clients,
         run_config={"overrides": shlex.join(overrides)},
-        num_cpus_per_client=float(cfg.simulation.num_cpus_per_client),
-        num_gpus_per_client=float(cfg.simulation.num_gpus_per_client),
-        ray_init_args=OmegaConf.to_container(cfg.simulation.ray_init_args),
-        verbose=bool(cfg.simulation.verbose),
+        simulation=settings.simulation,
     )
-    return read_results(cfg.out_dir)
+    return read_results(settings.out_dir)
 
 
-@hydra.main(config_path="conf", config_name="config", version_base="1.3")
+@hydra.main(config_path=str(CONF_DIR), config_name="config", version_base="1.3")
 def main(cfg: DictConfig) -> None:
+    """The ``sim.py`` command: run the composed config and print the summary; a bad config prints one
+    ``error:`` line and exits with status 2."""
     try:
         payload = run(cfg, list(HydraConfig.get().overrides.task))
     except ConfigError as err:

@@ -20,17 +20,20 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from conf import compose_config  # noqa: E402
 from data.client_data import client_data  # noqa: E402
+from data.scene import SCENE_FILE, Scene, build_scene, dataset_fingerprint  # noqa: E402
 from data.sources import load_dataset  # noqa: E402
-from data.scene import SCENE_FILE, Scene, build_scene, dataset_fingerprint, load_configured_dataset, scene_spec  # noqa: E402
+from settings.compose import compose_config  # noqa: E402
+from settings.scene import out_dir, scene_spec  # noqa: E402
 
 
 def peak_rss_mib() -> float:
+    """The peak resident memory of the current process so far, in MiB."""
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
 def load_one_client(cache_dir: str, scene_path: str, k: int, queue: mp.Queue) -> None:
+    """Load client ``k``'s slice as a fresh client process would; puts (seconds, samples, peak MiB) on ``queue``."""
     start = time.perf_counter()
     scene = Scene.load(scene_path)
     dataset = load_dataset("fashion_mnist", cache_dir=cache_dir)
@@ -40,6 +43,7 @@ def load_one_client(cache_dir: str, scene_path: str, k: int, queue: mp.Queue) ->
 
 
 def main() -> None:
+    """Time the scene builds and the client loads, and print the figures beside their targets."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--clients", type=int, default=100)
     parser.add_argument("--repeats", type=int, default=5)
@@ -48,20 +52,19 @@ def main() -> None:
         overrides = ["dataset=fashion_mnist", f"num_clients={args.clients}", "partition=iid", "noise=fedcorr",
                      f"dataset.cache_dir={tmp}/cache", f"out_dir={tmp}/scene"]
         cfg = compose_config(overrides)
+        spec, folder = scene_spec(cfg), out_dir(cfg)
 
         start = time.perf_counter()
-        load_configured_dataset(cfg)
+        spec.dataset.load()
         cold = time.perf_counter() - start
 
         builds = []
         for _ in range(args.repeats):
             start = time.perf_counter()
-            spec = scene_spec(cfg)
-            dataset = load_configured_dataset(cfg)
-            spec["dataset"] = dataset_fingerprint(dataset)
-            scene = build_scene(spec, dataset)
-            Path(cfg.out_dir).mkdir(parents=True, exist_ok=True)
-            scene.save(Path(cfg.out_dir) / SCENE_FILE)
+            dataset = spec.dataset.load()
+            scene = build_scene(spec.stored(dataset_fingerprint(dataset)), dataset)
+            Path(folder).mkdir(parents=True, exist_ok=True)
+            scene.save(Path(folder) / SCENE_FILE)
             builds.append(time.perf_counter() - start)
         build_peak = peak_rss_mib()
 
@@ -69,7 +72,7 @@ def main() -> None:
         loads = []
         for k in range(args.repeats):
             queue = ctx.Queue()
-            child = ctx.Process(target=load_one_client, args=(f"{tmp}/cache", f"{cfg.out_dir}/{SCENE_FILE}", k, queue))
+            child = ctx.Process(target=load_one_client, args=(f"{tmp}/cache", f"{folder}/{SCENE_FILE}", k, queue))
             child.start()
             loads.append(queue.get(timeout=120))
             child.join()

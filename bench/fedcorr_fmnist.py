@@ -23,6 +23,7 @@ from runs import ConfigError, accuracies, check_all, main_with_clear_errors, pla
 
 
 def parse_setting(setting: str) -> tuple[str, str]:
+    """(rho, tau) of a ``--settings`` entry such as ``0.6,0.5``."""
     rho, sep, tau = setting.partition(",")
     if not sep:
         raise ConfigError(f"--settings {setting!r} is invalid: allowed is rho,tau such as 0.6,0.5 "
@@ -31,6 +32,7 @@ def parse_setting(setting: str) -> tuple[str, str]:
 
 
 def plateau_cell(payload: dict[str, Any] | None, stage: str | None) -> str:
+    """A plateau run's table cell: best accuracy (%) and the plateau's round, or "-" without the run."""
     if payload is None:
         return "-"
     at, _ = plateau(accuracies(payload, stage))
@@ -39,6 +41,7 @@ def plateau_cell(payload: dict[str, Any] | None, stage: str | None) -> str:
 
 
 def main() -> None:
+    """Run (or reuse) every setting's FedCorr, equal-cost FedAvg and plateau runs, and print the table."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--settings", nargs="+", default=["0.0,0.0", "0.6,0.5", "0.8,0.5"])
     parser.add_argument("--plateau-cap", type=int, default=0,

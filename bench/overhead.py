@@ -25,47 +25,50 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 from flwr.app import ArrayRecord, Context, RecordDict  # noqa: E402
-from omegaconf import OmegaConf  # noqa: E402
 
 import sim  # noqa: E402
 from client.node import load_node  # noqa: E402
 from client.update import cpu_state, local_update  # noqa: E402
-from conf import compose_config  # noqa: E402
+from common.seeding import rng_for  # noqa: E402
 from data.scene import prepare_scene  # noqa: E402
-from data.seeding import rng_for  # noqa: E402
+from server.config import load_run  # noqa: E402
 from server.evaluation import CentralEvaluator  # noqa: E402
 from server.run import initial_arrays  # noqa: E402
+from settings.compose import compose_config  # noqa: E402
+from strategies.aggregation import weighted_average  # noqa: E402
 from strategies.federation import Federation  # noqa: E402
 from strategies.registry import build_strategy  # noqa: E402
-from strategies.utils import weighted_average  # noqa: E402
 
 
 def plain_loop(cfg, overrides: list[str]) -> tuple[float, list[float]]:
     """FedAvg as a sequential PyTorch loop; returns wall seconds and per-round test accuracy."""
     start = time.perf_counter()
-    _, dataset, _ = prepare_scene(cfg)
-    strategy = build_strategy(cfg, rng_for(cfg.seed, "client-sampling"))
-    clients = range(cfg.num_clients)
+    plan = load_run(cfg)
+    settings = plan.settings
+    _, dataset, _ = prepare_scene(settings.scene, settings.out_dir)
+    strategy = build_strategy(plan.strategy, plan.environment(), rng_for(settings.seed, "client-sampling"))
+    clients = range(settings.num_clients)
     strategy.bind(Federation(node_of={k: k for k in clients}, num_examples={k: 0 for k in clients}))
-    evaluator = CentralEvaluator(cfg, dataset)
-    state = initial_arrays(cfg, dataset).to_torch_state_dict()
-    train_config = OmegaConf.to_container(cfg.strategy.train)
+    evaluator = CentralEvaluator(settings, dataset)
+    state = initial_arrays(settings, dataset).to_torch_state_dict()
+    training = plan.strategy.settings.rounds.train
     run_config = {"overrides": shlex.join(overrides)}
     accuracies = []
-    for server_round in range(1, cfg.strategy.num_rounds + 1):
+    for server_round in range(1, strategy.planned_rounds() + 1):
         states, weights = [], []
         for pid in strategy.select(server_round, ArrayRecord(state), grid=None):
             context = Context(run_id=1, node_id=pid, node_config={"partition-id": pid}, state=RecordDict(),
                               run_config=run_config)
-            model, metrics = local_update(load_node(context), state, train_config, server_round)
+            model, stats = local_update(load_node(context), state, training, server_round)
             states.append({key: value.numpy() for key, value in cpu_state(model).items()})
-            weights.append(metrics["num-examples"])
+            weights.append(stats.num_examples)
         state = {key: torch.from_numpy(value) for key, value in weighted_average(states, weights).items()}
-        accuracies.append(evaluator(ArrayRecord(state))["accuracy"])
+        accuracies.append(evaluator(ArrayRecord(state)).accuracy)
     return time.perf_counter() - start, accuracies
 
 
 def main() -> None:
+    """Run the plain loop and the Flower simulation on the same rounds, and print both timings and accuracies."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rounds", type=int, default=20)
     parser.add_argument("overrides", nargs="*", default=["experiment=fmnist", "strategy=fedavg"])

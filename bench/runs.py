@@ -16,9 +16,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from omegaconf import DictConfig, OmegaConf  # noqa: E402
 
 import sim  # noqa: E402
-from conf import compose_config  # noqa: E402
-from data.errors import ConfigError  # noqa: E402
-from server.checks import check_run_config  # noqa: E402
+from common.errors import ConfigError  # noqa: E402
+from server.config import load_run  # noqa: E402
+from settings.compose import compose_config  # noqa: E402
 
 PLATEAU_WINDOW = 20
 PLATEAU_POINTS = 0.003
@@ -55,9 +55,14 @@ def differing_keys(old: dict[str, Any], new: dict[str, Any], prefix: str = "") -
     return keys
 
 
+def planned(overrides: list[str]) -> tuple[DictConfig, list[str]]:
+    """The config of a planned simulation and its overrides, as ``sim.run`` will run them."""
+    return sim.with_ground_truth(compose_config(overrides), overrides)
+
+
 def finished(overrides: list[str]) -> dict[str, Any] | None:
     """The results of this planned run if it finished with the same config; runs nothing."""
-    return finished_run(compose_config(overrides))
+    return finished_run(planned(overrides)[0])
 
 
 def finished_run(cfg: DictConfig) -> dict[str, Any] | None:
@@ -68,7 +73,7 @@ def finished_run(cfg: DictConfig) -> dict[str, Any] | None:
 def run(overrides: list[str], reuse: bool = False) -> dict[str, Any]:
     """One simulation with these Hydra overrides. ``reuse``: return a finished run with the same
     resolved config instead of running it again (so a long benchmark can be stopped and resumed)."""
-    cfg = compose_config(overrides)
+    cfg, overrides = planned(overrides)
     if reuse:
         done = finished_run(cfg)
         if done is not None:
@@ -90,8 +95,8 @@ def check_all(runs: list[list[str]], reuse: bool = False) -> None:
     """Compose and check every planned run before the first starts: a typo, or (with ``reuse``) a
     finished run whose config changed, fails in seconds, not hours."""
     for overrides in runs:
-        cfg = compose_config(overrides)
-        check_run_config(cfg)
+        cfg, _ = planned(overrides)
+        load_run(cfg)
         if reuse:
             finished_run(cfg)
 

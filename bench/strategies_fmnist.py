@@ -38,6 +38,7 @@ COLUMNS = (*STANDALONE, *(f"fedcorr+{name}" for name in WITH_FEDCORR))
 
 
 def main() -> None:
+    """Run (or reuse; with --report only read) the chosen columns' runs for every rho, and print the tables."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rhos", nargs="+", default=["0.4", "0.6", "0.8"])
     parser.add_argument("--tau", default="0.5")
@@ -106,6 +107,7 @@ def print_shared_stages(table: dict[str, dict[str, dict | None]]) -> None:
 
 
 def stages_best_and_last(payload: dict) -> tuple[float, float]:
+    """A FedCorr run's best and last test accuracy over its stages 1-2."""
     accs = [entry["test_acc"] for entry in payload["rounds"]
             if entry["stage"] in FEDCORR_STAGES and entry["test_acc"] is not None]
     return max(accs), accs[-1]

@@ -1,4 +1,5 @@
-"""What a client node holds for a run: its partition's data, transforms, device, and a model factory.
+"""What a client node holds for a run: its settings, its partition's data, transforms, device, and a
+model factory.
 
 Simulation: the node's ``partition-id`` (from Flower's node config) selects its slice of the scene
 in ``<out_dir>/scene.npz``. Deployment: the node's ``data-path`` names its own local data file
@@ -15,17 +16,18 @@ from pathlib import Path
 
 import torch
 from flwr.app import Context
-from omegaconf import DictConfig
 
-from client.setup import configured_model, configured_transforms, resolve_device
-from conf import RUN_CONFIG_KEY, compose_from_run_config
+from common.errors import ConfigError
+from common.seeding import rng_for
 from data.client_data import ClientData, client_data
-from data.errors import ConfigError
 from data.local_file import read_local_file
-from data.scene import SCENE_FILE, Scene, load_configured_dataset
-from data.seeding import rng_for
+from data.scene import SCENE_FILE, Scene
 from data.sources.base import Dataset
 from data.transforms import BatchTransform
+from settings.compose import RUN_CONFIG_KEY, compose_from_run_config
+from settings.run import RunSettings, run_settings
+from task.build import model_for, transforms_for
+from task.device import resolve_device
 
 PARTITION_ID_KEY = "partition-id"
 DATA_PATH_KEY = "data-path"
@@ -36,7 +38,7 @@ class LocalNode:
     """One client's local view of the run."""
 
     partition_id: int
-    cfg: DictConfig
+    settings: RunSettings
     dataset: Dataset
     data: ClientData
     train_transform: BatchTransform
@@ -44,7 +46,8 @@ class LocalNode:
     device: torch.device
 
     def new_model(self) -> torch.nn.Module:
-        return configured_model(self.cfg, self.dataset).to(self.device)
+        """A freshly initialised model of the run's architecture for this dataset, on the node's device."""
+        return model_for(self.settings.model, self.dataset, self.settings.transforms).to(self.device)
 
     @functools.cached_property
     def parameter_names(self) -> list[str]:
@@ -55,7 +58,7 @@ class LocalNode:
     def generator(self, server_round: int, purpose: str = "train") -> torch.Generator:
         """A torch generator for this client, round and purpose, derived from the run's seed, so
         results do not depend on which process or in which order clients run."""
-        seed = int(rng_for(self.cfg.seed, f"{purpose}/{server_round}/{self.partition_id}").integers(2**63))
+        seed = int(rng_for(self.settings.seed, f"{purpose}/{server_round}/{self.partition_id}").integers(2**63))
         return torch.Generator().manual_seed(seed)
 
 
@@ -64,35 +67,41 @@ def _scene(out_dir: str) -> Scene:
     return Scene.load(Path(out_dir) / SCENE_FILE)
 
 
-def _node(cfg: DictConfig, dataset: Dataset, data: ClientData, partition_id: int) -> LocalNode:
-    train_transform, eval_transform = configured_transforms(cfg, dataset)
-    return LocalNode(partition_id, cfg, dataset, data, train_transform, eval_transform,
-                     resolve_device(cfg.client.device))
+@functools.lru_cache(maxsize=8)
+def _settings(overrides: str) -> RunSettings:
+    return run_settings(compose_from_run_config({RUN_CONFIG_KEY: overrides}))
+
+
+def _node(settings: RunSettings, dataset: Dataset, data: ClientData, partition_id: int) -> LocalNode:
+    train_transform, eval_transform = transforms_for(settings.transforms, dataset)
+    return LocalNode(partition_id, settings, dataset, data, train_transform, eval_transform,
+                     resolve_device(settings.client.device))
 
 
 @functools.lru_cache(maxsize=256)
 def _load_partition(overrides: str, partition_id: int) -> LocalNode:
-    cfg = compose_from_run_config({RUN_CONFIG_KEY: overrides})
-    torch.set_num_threads(max(1, int(cfg.simulation.num_cpus_per_client)))
-    dataset = load_configured_dataset(cfg)
-    return _node(cfg, dataset, client_data(_scene(cfg.out_dir), dataset, partition_id), partition_id)
+    settings = _settings(overrides)
+    torch.set_num_threads(settings.client.num_threads)
+    dataset = settings.scene.dataset.load()
+    return _node(settings, dataset, client_data(_scene(settings.out_dir), dataset, partition_id), partition_id)
 
 
 @functools.lru_cache(maxsize=4)
 def _load_file(overrides: str, data_path: str) -> LocalNode:
-    cfg = compose_from_run_config({RUN_CONFIG_KEY: overrides})
+    settings = _settings(overrides)
     dataset, data, partition_id = read_local_file(data_path)
     # Transforms and the model's shape come from the run's dataset config: the file must be that data.
-    if dataset.name != cfg.dataset.name or dataset.num_classes != cfg.dataset.num_classes:
+    expected = settings.scene.dataset
+    if dataset.name != expected.name or dataset.num_classes != expected.num_classes:
         raise ConfigError(
             f"local data file {data_path} holds {dataset.name} with {dataset.num_classes} classes, but the run "
-            f"is configured for dataset={cfg.dataset.name} with {cfg.dataset.num_classes} classes"
+            f"is configured for dataset={expected.name} with {expected.num_classes} classes"
         )
-    return _node(cfg, dataset, data, partition_id)
+    return _node(settings, dataset, data, partition_id)
 
 
 def load_node(context: Context) -> LocalNode:
-    """This node's data and settings for the run described by ``context``: from its local data file
+    """The node's data and settings for the run described by ``context``: from its local data file
     when node_config has ``data-path``, else its ``partition-id``'s slice of the simulation scene."""
     overrides = str(context.run_config.get(RUN_CONFIG_KEY, ""))
     node_config = context.node_config

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from flwr.app import Array, ArrayRecord, Context
 
-from data.npz import read_npz, write_npz
+from common.atomic_files import read_npz, write_npz
 
 STATE_DIR_KEY = "state-dir"
 

@@ -1,1 +1,2 @@
-"""Numerical helpers shared by the client and the server sides (no Flower, no torch)."""
+"""The bottom layer: errors, value checks, seeded random streams, atomic files and the two-way GMM
+split. Imports neither Flower, torch nor anything else of the project."""

@@ -1,24 +1,17 @@
 """Export a scene as one local data file per client, to rehearse a real deployment with simulation data.
 
-Command line (Hydra overrides, as for ``python -m data.scene``):
-    python -m data.export dataset=fashion_mnist num_clients=100 seed=1 out_dir=DIR [export.true_labels=false]
-builds or reuses DIR/scene.npz and writes DIR/clients/client_<k>.npz for every client k; a SuperNode
-then gets ``--node-config 'data-path="DIR/clients/client_<k>.npz"'``. With ``export.true_labels=false``
-each file holds exactly what a real node would have: no ground truth.
+``export_clients`` writes ``<folder>/client_<k>.npz`` for every client k; a SuperNode then gets
+``--node-config 'data-path="<folder>/client_<k>.npz"'``. Without true labels each file holds exactly
+what a real node would have. The command line is ``export.py`` at the repository root.
 """
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
-from omegaconf import DictConfig
-
-from conf import compose_config
 from data.client_data import client_data
-from data.errors import ConfigError
 from data.local_file import check_in_memory, write_local_file
-from data.scene import Scene, load_configured_dataset, prepare_scene, scene_spec
+from data.scene import Scene
 from data.sources.base import Dataset
 
 CLIENTS_DIR = "clients"
@@ -45,35 +38,3 @@ def export_clients(scene: Scene, dataset: Dataset, folder: str | Path, *, true_l
         )
         paths.append(path)
     return paths
-
-
-def _true_labels_option(cfg: DictConfig) -> bool:
-    value = cfg.export.true_labels
-    if not isinstance(value, bool):
-        raise ConfigError(f"export.true_labels={value!r} is invalid: allowed are true, false")
-    return value
-
-
-def main(argv: list[str]) -> int:
-    """Build or reuse the scene for the overrides in ``argv`` and export its clients' files."""
-    try:
-        cfg = compose_config(argv)
-        keep_truth = _true_labels_option(cfg)
-        scene_spec(cfg)  # a bad scene override fails before the dataset is even read
-        # Checked before prepare_scene, which may write the scene: a refusal leaves nothing behind.
-        check_in_memory(load_configured_dataset(cfg).train.images, cfg.dataset.name)
-        scene, dataset, _ = prepare_scene(cfg)
-        paths = export_clients(scene, dataset, Path(cfg.out_dir) / CLIENTS_DIR, true_labels=keep_truth)
-    except ConfigError as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
-    sizes = scene.client_sizes()
-    for path, size in zip(paths, sizes):
-        print(f"wrote {path} ({size} samples)")
-    truth = "with" if keep_truth else "without"
-    print(f"total: {len(paths)} client files, {sizes.sum()} samples, {truth} true labels")
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))

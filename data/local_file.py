@@ -19,9 +19,9 @@ from typing import Any
 
 import numpy as np
 
+from common.atomic_files import read_npz, write_npz
+from common.errors import ConfigError, SceneError
 from data.client_data import ClientData
-from data.errors import ConfigError, SceneError
-from data.npz import read_npz, write_npz
 from data.sources.base import Dataset, ImageArray, Split
 
 LOCAL_FORMAT_VERSION = 1
@@ -75,13 +75,13 @@ def write_local_file(
 
 
 def read_local_file(path: str | os.PathLike[str]) -> tuple[Dataset, ClientData, int]:
-    """This node's data from ``path``: a Dataset whose train split is the node's data (its test split
+    """The node's data from ``path``: a Dataset whose train split is the node's data (its test split
     is empty), the ClientData view of it, and the partition id. A bad file raises SceneError."""
     path = Path(path)
     if not path.is_file():
         raise SceneError(
             f"no local data file at {path.absolute()}; write one with data.local_file.write_local_file "
-            "or rehearse with `python -m data.export`"
+            "or rehearse with `python export.py`"
         )
     try:
         arrays = read_npz(path)

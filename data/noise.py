@@ -12,8 +12,9 @@ from typing import Any
 
 import numpy as np
 
-from data.errors import ConfigError
-from data.registry import Registry, check_number
+from common.errors import ConfigError
+from common.validation import check_number
+from data.registry import Registry
 
 
 @dataclass(frozen=True)

@@ -11,8 +11,9 @@ from typing import Any
 
 import numpy as np
 
-from data.errors import ConfigError
-from data.registry import Registry, check_int, check_number
+from common.errors import ConfigError
+from common.validation import check_int, check_number
+from data.registry import Registry
 
 Partition = list[np.ndarray]
 
@@ -43,8 +44,8 @@ def fedcorr_noniid(
     for client in range(num_clients):
         while not owners[client].any():
             owners[client] = rng.random(num_classes) < p
-    for cls in np.flatnonzero(~owners.any(axis=0)):
-        owners[rng.integers(num_clients), cls] = True
+    for unowned in np.flatnonzero(~owners.any(axis=0)):
+        owners[rng.integers(num_clients), unowned] = True
 
     parts: list[list[np.ndarray]] = [[] for _ in range(num_clients)]
     for cls in range(num_classes):

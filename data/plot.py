@@ -18,7 +18,7 @@ from matplotlib import colormaps
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
-from data.errors import ConfigError
+from common.errors import ConfigError
 
 # Above this many clients a tick per client is unreadable, so only every k-th client is labelled.
 _MAX_CLIENT_TICKS = 40

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from typing import Any
 
-from data.errors import ConfigError
+from common.errors import ConfigError
 
 
 @dataclass(frozen=True)
@@ -38,6 +38,7 @@ class Registry:
 
     @property
     def names(self) -> tuple[str, ...]:
+        """The registered names, in registration order."""
         return tuple(self._entries)
 
     def check(self, name: str, params: Mapping[str, Any]) -> None:
@@ -61,31 +62,3 @@ class Registry:
         """Validate ``params`` and call the function registered as ``name``."""
         self.check(name, params)
         return self._entries[name].func(*args, **self.params(name, params))
-
-
-def check_number(
-    key: str, value: Any, *, low: float, high: float | None = None, low_open: bool = False
-) -> None:
-    """Raise ConfigError unless config ``key`` is a number >= low (> low if low_open) and <= high."""
-    is_number = isinstance(value, (int, float)) and not isinstance(value, bool)
-    if is_number and (value > low if low_open else value >= low) and (high is None or value <= high):
-        return
-    bound = f"{'>' if low_open else '>='} {low}" + ("" if high is None else f" and <= {high}")
-    raise ConfigError(f"{key}={value!r} is invalid: allowed is a number {bound}")
-
-
-def check_int(key: str, value: Any, *, low: int) -> None:
-    """Raise ConfigError unless config ``key`` is an integer >= low."""
-    if not isinstance(value, int) or isinstance(value, bool) or value < low:
-        raise ConfigError(f"{key}={value!r} is invalid: allowed is an integer >= {low}")
-
-
-def dataclass_kwargs(kind: str, cfg: Any, cls: type) -> dict[str, Any]:
-    """``cfg`` as keyword arguments for dataclass ``cls``: a mapping whose keys are all fields of it."""
-    allowed = [f.name for f in fields(cls)]
-    if not isinstance(cfg, Mapping):
-        raise ConfigError(f"{kind} config {cfg!r} is invalid: allowed is a mapping with keys {allowed}")
-    unknown = sorted(str(key) for key in cfg if key not in allowed)
-    if unknown:
-        raise ConfigError(f"{kind} config has unknown keys {unknown}: allowed are {allowed}")
-    return {key: cfg[key] for key in cfg}

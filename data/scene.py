@@ -1,36 +1,31 @@
 """A federated scene: partition + noisy labels + ground truth, saved as one reproducible file.
 
-Command line (Hydra overrides, defaults in conf/):
-    python -m data.scene dataset=fashion_mnist num_clients=100 partition=iid noise=fedcorr \
-        noise.rho=0.6 noise.tau=0.5 seed=1 out_dir=DIR [scene.plot=true]
-writes DIR/scene.npz (and DIR/partition.png with scene.plot=true) and prints a per-client summary.
-An existing DIR/scene.npz made from the same spec is reused; one made from another spec is an error.
+``prepare_scene(spec, out_dir)`` writes ``out_dir/scene.npz`` for a ``SceneSpec``, or reuses the file
+when it was made from the same spec (one made from another spec is an error). The command line that
+composes a spec from the Hydra configuration is ``scene.py`` at the repository root.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-import sys
 import zipfile
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-from omegaconf import DictConfig, OmegaConf
 
-from conf import compose_config
-from data.errors import ConfigError, SceneError
+from common.atomic_files import read_npz, write_npz
+from common.errors import ConfigError, SceneError
+from common.seeding import rng_for
+from common.validation import Flag, Integer, check_fields, rule
 from data.noise import NOISE_MODELS, add_noise
-from data.npz import read_npz, write_npz
 from data.partition import PARTITIONERS, partition
-from data.registry import check_int
-from data.seeding import rng_for
 from data.sources import check_dataset_name, load_dataset
 from data.sources.base import Dataset
-from data.summary import format_summary
 
 SCENE_FILE = "scene.npz"
 FORMAT_VERSION = 1
@@ -58,6 +53,7 @@ class Scene:
 
     @property
     def num_clients(self) -> int:
+        """The number of clients in the scene (from its spec)."""
         return int(self.spec["num_clients"])
 
     @cached_property
@@ -72,6 +68,7 @@ class Scene:
         return slice(int(self.offsets[k]), int(self.offsets[k + 1]))
 
     def client_sizes(self) -> np.ndarray:
+        """Per client, the number of samples it holds."""
         return np.diff(self.offsets)
 
     def true_noise_rate(self) -> np.ndarray:
@@ -99,13 +96,13 @@ class Scene:
         """Read a scene file, checking its integrity and, if given, that it was made from ``expected_spec``."""
         path = Path(path)
         if not path.is_file():
-            raise SceneError(f"no scene file at {path}; build one with `python -m data.scene out_dir={path.parent}`")
+            raise SceneError(f"no scene file at {path}; build one with `python scene.py out_dir={path.parent}`")
         try:
             arrays = read_npz(path)
             scene = cls._from_arrays(arrays)
         except (OSError, ValueError, KeyError, zipfile.BadZipFile, json.JSONDecodeError) as err:
             raise SceneError(
-                f"scene file {path} is corrupt ({err}); delete it and build it again with `python -m data.scene`"
+                f"scene file {path} is corrupt ({err}); delete it and build it again with `python scene.py`"
             ) from err
         if expected_spec is not None and scene.spec != expected_spec:
             differences = ", ".join(spec_differences(scene.spec, expected_spec))
@@ -133,10 +130,12 @@ class Scene:
             raise ValueError(f"client ids are not sorted values in 0..{num_clients - 1}")
         if arrays["noise_level"].shape != (num_clients,):
             raise ValueError(f"noise_level does not hold one value per client ({num_clients})")
-        return cls(spec, *(arrays[name] for name in _PER_SAMPLE), arrays["noise_level"])
+        return cls(spec, indices=arrays["indices"], client=client, noisy_labels=arrays["noisy_labels"],
+                   true_labels=arrays["true_labels"], noise_level=arrays["noise_level"])
 
 
 def canonical_json(obj: Any) -> str:
+    """``obj`` as compact JSON with sorted keys, the same text for equal objects."""
     return json.dumps(obj, sort_keys=True, separators=(",", ":"))
 
 
@@ -156,28 +155,88 @@ def spec_differences(stored: dict[str, Any], wanted: dict[str, Any]) -> list[str
             if old.get(key) != new.get(key)]
 
 
-def scene_spec(cfg: DictConfig) -> dict[str, Any]:
-    """Validate the scene part of a config, before any work, and return its spec (sans dataset fingerprint)."""
-    check_dataset_name(cfg.dataset.name)
-    check_int("num_clients", cfg.num_clients, low=1)
-    check_int("seed", cfg.seed, low=0)
-    check_int("dataset.num_classes", cfg.dataset.num_classes, low=2)
-    part = OmegaConf.to_container(cfg.partition)
-    noise = OmegaConf.to_container(cfg.noise)
-    PARTITIONERS.check(part["name"], part)
-    NOISE_MODELS.check(noise["name"], noise)
-    if cfg.dataset.name == "clothing1m" and noise["name"] != "none":
-        raise ConfigError(
-            f"noise={noise['name']} on clothing1m: its labels already carry real noise; use noise=none"
-        )
-    return {
-        "format": FORMAT_VERSION,
-        "dataset": {"name": cfg.dataset.name},
-        "num_clients": int(cfg.num_clients),
-        "seed": int(cfg.seed),
-        "partition": {"name": part["name"], **PARTITIONERS.params(part["name"], part)},
-        "noise": {"name": noise["name"], **NOISE_MODELS.params(noise["name"], noise)},
-    }
+@dataclass(frozen=True)
+class DatasetSource:
+    """Which dataset to load and from where (``conf/dataset/<name>.yaml``).
+
+    name: a registered source (``data.sources.DATASET_NAMES``).
+    num_classes: the class count the run expects; the loaded data must agree.
+    root: where to look first (None: the source's default lookup); download: allow torchvision to
+        download it; cache_dir: the decoded-array cache (None: ``$FEDCORR_CACHE_DIR`` or the home cache).
+    """
+
+    name: str
+    num_classes: int = field(metadata=rule(Integer(low=2)))
+    root: str | None = None
+    download: bool = field(default=False, metadata=rule(Flag()))
+    cache_dir: str | None = None
+
+    def __post_init__(self) -> None:
+        check_dataset_name(self.name)
+        check_fields(self)
+
+    def load(self) -> Dataset:
+        """The dataset, from its root and cache."""
+        return load_dataset(self.name, self.root, download=self.download, cache_dir=self.cache_dir)
+
+
+@dataclass(frozen=True)
+class Component:
+    """A registered partitioner or noise model by name, with the parameters it takes."""
+
+    name: str
+    params: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class SceneSpec:
+    """Everything a scene is drawn from; checked when built, so a bad value fails before any work.
+
+    dataset: the data the scene indexes into.
+    num_clients: how many clients share the training split; seed: the run's seed (partition and
+        noise draw from their own named streams of it).
+    partition, noise: the partitioner and the label-noise model (``data.partition``, ``data.noise``).
+    """
+
+    dataset: DatasetSource
+    num_clients: int = field(metadata=rule(Integer(low=1)))
+    seed: int = field(metadata=rule(Integer(low=0)))
+    partition: Component = field(default_factory=lambda: Component("iid"))
+    noise: Component = field(default_factory=lambda: Component("none"))
+
+    def __post_init__(self) -> None:
+        check_fields(self)
+        PARTITIONERS.check(self.partition.name, self.partition.params)
+        NOISE_MODELS.check(self.noise.name, self.noise.params)
+        if self.dataset.name == "clothing1m" and self.noise.name != "none":
+            raise ConfigError(
+                f"noise={self.noise.name} on clothing1m: its labels already carry real noise; use noise=none"
+            )
+
+    @classmethod
+    def build(cls, dataset: DatasetSource, num_clients: int, seed: int,
+              partition: Mapping[str, Any], noise: Mapping[str, Any]) -> SceneSpec:
+        """A spec from the ``partition`` and ``noise`` config blocks (``name`` plus parameters; keys
+        the named component does not take are dropped)."""
+        for kind, block in (("partition", partition), ("noise", noise)):
+            if "name" not in block:
+                raise ConfigError(f"{kind}.name is missing: the config must name a {kind}")
+        PARTITIONERS.check(partition["name"], partition)
+        NOISE_MODELS.check(noise["name"], noise)
+        return cls(dataset, num_clients, seed,
+                   Component(partition["name"], PARTITIONERS.params(partition["name"], partition)),
+                   Component(noise["name"], NOISE_MODELS.params(noise["name"], noise)))
+
+    def stored(self, fingerprint: dict[str, Any]) -> dict[str, Any]:
+        """The JSON spec a scene file carries, with the fingerprint of the data it indexes into."""
+        return {
+            "format": FORMAT_VERSION,
+            "dataset": fingerprint,
+            "num_clients": self.num_clients,
+            "seed": self.seed,
+            "partition": {"name": self.partition.name, **self.partition.params},
+            "noise": {"name": self.noise.name, **self.noise.params},
+        }
 
 
 def dataset_fingerprint(dataset: Dataset) -> dict[str, Any]:
@@ -191,16 +250,16 @@ def dataset_fingerprint(dataset: Dataset) -> dict[str, Any]:
     }
 
 
-def check_dataset_matches(cfg: DictConfig, dataset: Dataset) -> None:
-    """The loaded data must fit the config: its class count, and enough samples for every client."""
-    if dataset.num_classes != cfg.dataset.num_classes:
+def check_dataset_matches(spec: SceneSpec, dataset: Dataset) -> None:
+    """The loaded data must fit the spec: its class count, and enough samples for every client."""
+    if dataset.num_classes != spec.dataset.num_classes:
         raise ConfigError(
-            f"dataset.num_classes={cfg.dataset.num_classes} but {dataset.name} at hand has "
+            f"dataset.num_classes={spec.dataset.num_classes} but {dataset.name} at hand has "
             f"{dataset.num_classes} classes"
         )
-    if cfg.num_clients > len(dataset.train):
+    if spec.num_clients > len(dataset.train):
         raise ConfigError(
-            f"num_clients={cfg.num_clients} exceeds the {len(dataset.train)} training samples of "
+            f"num_clients={spec.num_clients} exceeds the {len(dataset.train)} training samples of "
             f"{dataset.name}: every client needs at least one sample"
         )
 
@@ -220,55 +279,19 @@ def build_scene(spec: dict[str, Any], dataset: Dataset) -> Scene:
     return Scene(spec, indices, client, noisy.labels, true_labels, noisy.level.astype(np.float64))
 
 
-def load_configured_dataset(cfg: DictConfig) -> Dataset:
-    """The dataset named in ``cfg.dataset``, from its configured root and cache."""
-    return load_dataset(
-        cfg.dataset.name, cfg.dataset.root, download=cfg.dataset.download, cache_dir=cfg.dataset.cache_dir
-    )
-
-
-def prepare_scene(cfg: DictConfig) -> tuple[Scene, Dataset, bool]:
-    """Build ``<out_dir>/scene.npz`` for ``cfg``, or reuse it if made from the same spec.
+def prepare_scene(spec: SceneSpec, out_dir: str | Path) -> tuple[Scene, Dataset, bool]:
+    """Build ``<out_dir>/scene.npz`` for ``spec``, or reuse it if made from the same spec.
 
     Returns the scene, the dataset and whether an existing file was reused. Every check runs
     before anything is written.
     """
-    spec = scene_spec(cfg)
-    dataset = load_configured_dataset(cfg)
-    check_dataset_matches(cfg, dataset)
-    spec["dataset"] = dataset_fingerprint(dataset)
-    path = Path(cfg.out_dir) / SCENE_FILE
+    dataset = spec.dataset.load()
+    check_dataset_matches(spec, dataset)
+    stored = spec.stored(dataset_fingerprint(dataset))
+    path = Path(out_dir) / SCENE_FILE
     if path.exists():
-        return Scene.load(path, expected_spec=spec), dataset, True
-    scene = build_scene(spec, dataset)
+        return Scene.load(path, expected_spec=stored), dataset, True
+    scene = build_scene(stored, dataset)
     path.parent.mkdir(parents=True, exist_ok=True)
     scene.save(path)
     return scene, dataset, False
-
-
-def main(argv: list[str]) -> int:
-    """Build or reuse the scene for the overrides in ``argv``; print its summary."""
-    try:
-        cfg = compose_config(argv)
-        scene, _, reused = prepare_scene(cfg)
-    except ConfigError as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
-    path = Path(cfg.out_dir) / SCENE_FILE
-    print(format_summary(scene))
-    print(f"{'reused' if reused else 'wrote'} {path}")
-    if cfg.scene.plot:
-        from data.plot import plot_partition  # matplotlib is slow to import; only when asked
-
-        png = path.with_name("partition.png")
-        plot_partition(
-            scene.client, scene.reference_labels(),
-            scene.num_clients, int(scene.spec["dataset"]["num_classes"]), png,
-            noise_rate=scene.true_noise_rate(), title=f"{scene.spec['dataset']['name']} {scene.spec['partition']}",
-        )
-        print(f"wrote {png}")
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))

@@ -6,14 +6,15 @@ a training step pays a handful of tensor operations, not one PIL round trip per 
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 
-from data.errors import ConfigError
-from data.registry import check_int, dataclass_kwargs
+from common.errors import ConfigError, InvalidValue
+from common.validation import Flag, Integer, Nullable, check_fields, rule
 
 
 @dataclass(frozen=True)
@@ -26,32 +27,28 @@ class TransformSpec:
     flip: random horizontal flip with probability 0.5 when training; ignored when evaluating.
     """
 
-    resize: int | None = None
-    crop: int | None = None
-    pad: int = 0
-    flip: bool = False
+    # None means "keep the stored size" / "no crop"; any given size must be a positive integer.
+    resize: int | None = field(default=None, metadata=rule(Nullable(Integer(low=1))))
+    crop: int | None = field(default=None, metadata=rule(Nullable(Integer(low=1))))
+    pad: int = field(default=0, metadata=rule(Integer(low=0)))
+    flip: bool = field(default=False, metadata=rule(Flag()))
 
     def __post_init__(self) -> None:
-        # None means "keep the stored size" / "no crop"; any given size must be a positive integer.
-        if self.resize is not None:
-            check_int("transform.resize", self.resize, low=1)
-        if self.crop is not None:
-            check_int("transform.crop", self.crop, low=1)
-        check_int("transform.pad", self.pad, low=0)
-        if not isinstance(self.flip, bool):
-            raise ConfigError(f"transform.flip={self.flip!r} is invalid: allowed is true or false")
+        check_fields(self)
         if self.pad > 0 and self.crop is None:
-            raise ConfigError(f"transform.pad={self.pad} needs a crop size; set crop or use pad=0")
+            raise InvalidValue("pad", self.pad, "a pad needs a crop size; set crop or use pad=0")
 
 
 def _normalisation(mean: Sequence[float], std: Sequence[float]) -> tuple[torch.Tensor, torch.Tensor]:
     """Scale and shift with x * scale - shift == (x / 255 - mean) / std, each of shape (C, 1, 1)."""
+    mean_t: torch.Tensor | None
+    std_t: torch.Tensor | None
     try:
         mean_t = torch.tensor([float(v) for v in mean], dtype=torch.float64)
         std_t = torch.tensor([float(v) for v in std], dtype=torch.float64)
     except (TypeError, ValueError):
         mean_t = std_t = None
-    if mean_t is None or mean_t.numel() == 0 or mean_t.shape != std_t.shape:
+    if mean_t is None or std_t is None or mean_t.numel() == 0 or mean_t.shape != std_t.shape:
         raise ConfigError(
             f"normalisation mean={mean!r} and std={std!r} are invalid; "
             "allowed are two non-empty lists of numbers of the same length (one value per channel)"
@@ -136,7 +133,7 @@ class BatchTransform:
         if spec.crop is not None:
             if spec.pad:
                 x = F.pad(x, (spec.pad,) * 4)
-            draw = dict(size=(batch,), generator=generator, device=draw_device)
+            draw: dict[str, Any] = dict(size=(batch,), generator=generator, device=draw_device)
             rows = torch.randint(0, x.shape[-2] - spec.crop + 1, **draw)
             cols = torch.randint(0, x.shape[-1] - spec.crop + 1, **draw)
             # unfold is a view of every window, (B, C, nH, nW, crop, crop); picking one per sample copies
@@ -157,8 +154,14 @@ def _centre_crop(x: torch.Tensor, size: int) -> torch.Tensor:
     return x[..., top : top + size, left : left + size]
 
 
-def transform_from_config(
-    cfg: Mapping, mean: Sequence[float], std: Sequence[float], train: bool
-) -> BatchTransform:
-    """Builds a :class:`BatchTransform` from a mapping with any of the keys resize, crop, pad, flip."""
-    return BatchTransform(TransformSpec(**dataclass_kwargs("transform", cfg, TransformSpec)), mean, std, train)
+@dataclass(frozen=True)
+class TransformPair:
+    """The dataset's training and evaluation transforms (``dataset.transforms`` in the config)."""
+
+    train: TransformSpec
+    eval: TransformSpec
+
+    def build(self, mean: Sequence[float], std: Sequence[float]) -> tuple[BatchTransform, BatchTransform]:
+        """(train, eval) batch transforms normalising with the dataset's ``mean`` and ``std``."""
+        return BatchTransform(self.train, mean, std, train=True), BatchTransform(self.eval, mean, std, train=False)
+

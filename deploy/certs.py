@@ -154,6 +154,7 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str]) -> int:
+    """The command line: write what ``argv`` asks for and list the files; 2 on a refused request."""
     args = _parser().parse_args(argv)
     try:
         if args.command == "tls":

@@ -66,11 +66,11 @@ check_overrides() {
     done
     (cd "$REPO_DIR" && "$PYTHON" -c '
 import sys
-from conf import compose_config
-from data.errors import ConfigError
-from server.checks import check_run_config
+from common.errors import ConfigError
+from server.config import load_run
+from settings.compose import compose_config
 try:
-    check_run_config(compose_config(sys.argv[1:]))
+    load_run(compose_config(sys.argv[1:]))
 except ConfigError as err:
     sys.exit(f"error: {err}")
 ' "$@") || exit 2

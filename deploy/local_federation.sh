@@ -25,7 +25,7 @@ Every process it started (and their children) is stopped by pid on exit, also on
   --out DIR        the run's out_dir (default: inside the work directory, so gone without --keep)
   --keep           keep the temporary work directory (certificates, keys, logs, pids, node state)
   --work-dir DIR   use DIR (created, kept) as the work directory instead of a temporary one
-  --data-files     give each SuperNode its own local data file (python -m data.export) instead of a
+  --data-files     give each SuperNode its own local data file (python export.py) instead of a
                    partition id of the simulation scene: the real-deployment path
   --timeout S      fail when the run takes longer than S seconds (default 900)
   HYDRA_OVERRIDES  the run's configuration instead of the default FedCorr smoke setting
@@ -210,8 +210,8 @@ in_foreground bash "$DEPLOY_DIR/register_nodes.sh" --superlink "$address" --root
 
 if ((data_files)); then
     echo "exporting one data file per client to $out/clients"
-    in_foreground env -C "$REPO_DIR" "$PYTHON" -m data.export "${overrides[@]}" "out_dir=$out" \
-        >"$work/logs/export.log" 2>&1 || die "python -m data.export failed (see its log below)"
+    in_foreground env -C "$REPO_DIR" "$PYTHON" export.py "${overrides[@]}" "out_dir=$out" \
+        >"$work/logs/export.log" 2>&1 || die "python export.py failed (see its log below)"
 fi
 for ((k = 0; k < NUM_NODES; k++)); do
     if ((data_files)); then data=(--data-path "$out/clients/client_$k.npz"); else data=(--partition-id "$k"); fi

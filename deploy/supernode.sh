@@ -18,7 +18,7 @@ project's ClientApp for every message of every run.
   --auth-key FILE            this node's private key (node_<k> from deploy/make_node_keys.sh); its public
                              key must be registered with the SuperLink (deploy/register_nodes.sh)
   --insecure                 no TLS, no authentication: only against `deploy/superlink.sh --insecure`
-  --data-path FILE           this node's own data file (`python -m data.export ...` writes them): a real
+  --data-path FILE           this node's own data file (`python export.py ...` writes them): a real
                              deployment, the data never leaves this machine
   --partition-id K           replay client K of the simulation scene in the run's out_dir/scene.npz
                              instead: only where that path is readable (the SuperLink's machine or a

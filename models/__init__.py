@@ -1,5 +1,5 @@
 """Networks for federated noisy-label experiments and a name registry. Never imports Flower."""
 
-from models.registry import MODEL_NAMES, build_model, check_model_name
+from models.registry import MODEL_NAMES, ModelSpec, build_model, check_model_name, check_model_options
 
-__all__ = ["MODEL_NAMES", "build_model", "check_model_name"]
+__all__ = ["MODEL_NAMES", "ModelSpec", "build_model", "check_model_name", "check_model_options"]

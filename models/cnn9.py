@@ -40,4 +40,5 @@ class CNN9(nn.Module):
         self.classifier = nn.Sequential(nn.Flatten(), nn.Linear(128, num_classes))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """Class logits (B, num_classes) for an image batch (B, C, H, W)."""
         return self.classifier(self.features(x))

@@ -2,12 +2,12 @@
 
 import inspect
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from torch import nn
 
-from data.errors import ConfigError
+from common.errors import ConfigError
 from models.cnn9 import CNN9
 from models.lenet import LeNet5
 from models.resnet50 import resnet50
@@ -55,6 +55,26 @@ def _check_kwargs(name: str, parameters: set[str], kwargs: dict[str, Any]) -> No
     if unknown:
         allowed = ", ".join(sorted(accepted)) or "none"
         raise ConfigError(f"model {name!r} does not take option(s) {', '.join(unknown)}; allowed: {allowed}")
+
+
+def check_model_options(name: str, options: dict[str, Any]) -> None:
+    """Raise ConfigError unless ``name`` is registered and takes every option in ``options``."""
+    check_model_name(name)
+    _check_kwargs(name, set(inspect.signature(_REGISTRY[name].build).parameters), options)
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """A network by registered name with its own options (``conf/model/<name>.yaml``), checked when built.
+
+    The dataset supplies ``num_classes``, ``in_channels`` and the image size at build time.
+    """
+
+    name: str
+    options: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        check_model_options(self.name, self.options)
 
 
 def build_model(

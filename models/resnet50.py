@@ -5,7 +5,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from data.errors import ConfigError
+from common.errors import ConfigError
 
 _IMAGENET_CLASSES = 1000
 _FC_KEYS = frozenset({"fc.weight", "fc.bias"})
@@ -49,7 +49,10 @@ def _replace_stem(model: nn.Module, in_channels: int, pretrained: bool) -> None:
     whose channels are all equal excites conv1 exactly as its RGB copy did.
     """
     old = model.conv1
-    new = nn.Conv2d(in_channels, old.out_channels, old.kernel_size, old.stride, old.padding, bias=False)
+    assert isinstance(old, nn.Conv2d)  # torchvision's ResNet stem
+    # Conv2d stores kernel_size/stride/padding as 2-tuples typed tuple[int, ...]; its __init__ wants tuple[int, int].
+    new = nn.Conv2d(in_channels, old.out_channels, old.kernel_size, old.stride, old.padding,  # type: ignore[arg-type]
+                    bias=False)
     if pretrained:
         mean_filter = old.weight.detach().mean(dim=1, keepdim=True)
         new.weight.data.copy_(mean_filter.expand_as(new.weight) * (3 / in_channels))
@@ -59,7 +62,7 @@ def _replace_stem(model: nn.Module, in_channels: int, pretrained: bool) -> None:
 
 
 def resnet50(num_classes: int, in_channels: int, weights_path: str | Path | None = None) -> nn.Module:
-    """torchvision's ResNet-50; ``weights_path`` names a local ImageNet state dict (never downloaded).
+    """The torchvision ResNet-50; ``weights_path`` names a local ImageNet state dict (never downloaded).
 
     With weights, all tensors load strictly; when ``num_classes`` != 1000 the fc layer is a fresh
     one instead. ``in_channels`` != 3 replaces conv1 (see ``_replace_stem``).

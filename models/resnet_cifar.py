@@ -22,6 +22,7 @@ class BasicBlock(nn.Module):
             )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """ReLU of the two conv+BN layers' output plus the shortcut of ``x``."""
         out = F.relu(self.bn1(self.conv1(x)))
         out = self.bn2(self.conv2(out))
         return F.relu(out + self.shortcut(x))
@@ -55,6 +56,7 @@ class CifarResNet(nn.Module):
         self.fc = nn.Linear(channels, num_classes)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """Class logits (B, num_classes) for an image batch (B, C, H, W)."""
         features = self.pool(self.stages(self.stem(x)))
         return self.fc(torch.flatten(features, 1))
 

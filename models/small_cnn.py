@@ -34,4 +34,5 @@ class SmallCNN(nn.Module):
         )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """Class logits (B, num_classes) for an image batch (B, C, H, W)."""
         return self.classifier(self.features(x))

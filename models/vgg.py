@@ -1,10 +1,12 @@
 """VGG-11 with BatchNorm (Simonyan & Zisserman, 2015, configuration A) for small images."""
 
+from typing import Literal
+
 import torch
 from torch import nn
 
 # Configuration A: conv widths, "M" for a 2x2 max-pool.
-_VGG11 = (64, "M", 128, "M", 256, 256, "M", 512, 512, "M", 512, 512, "M")
+_VGG11: tuple[int | Literal["M"], ...] = (64, "M", 128, "M", 256, 256, "M", 512, 512, "M", 512, 512, "M")
 
 
 class VGG(nn.Module):
@@ -15,7 +17,7 @@ class VGG(nn.Module):
     run, while 32x32 and 224x224 are pooled exactly as in the original.
     """
 
-    def __init__(self, config: tuple[int | str, ...], num_classes: int, in_channels: int) -> None:
+    def __init__(self, config: tuple[int | Literal["M"], ...], num_classes: int, in_channels: int) -> None:
         super().__init__()
         layers: list[nn.Module] = []
         channels = in_channels
@@ -30,6 +32,7 @@ class VGG(nn.Module):
         self.classifier = nn.Sequential(nn.Flatten(), nn.Linear(channels, num_classes))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """Class logits (B, num_classes) for an image batch (B, C, H, W)."""
         return self.classifier(self.features(x))
 
 

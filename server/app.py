@@ -5,13 +5,14 @@ from __future__ import annotations
 from flwr.app import Context
 from flwr.serverapp import Grid, ServerApp
 
-from conf import compose_from_run_config
+from server.config import load_run
 from server.run import run_server
+from settings.compose import compose_from_run_config
 
 app = ServerApp()
 
 
 @app.main()
 def main(grid: Grid, context: Context) -> None:
-    """Compose the Hydra config from the run config's overrides and run the configured strategy."""
-    run_server(grid, compose_from_run_config(context.run_config))
+    """Compose the Hydra config from the run config's overrides, check it once, run the strategy."""
+    run_server(grid, load_run(compose_from_run_config(context.run_config)))

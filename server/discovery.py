@@ -9,15 +9,15 @@ from __future__ import annotations
 import logging
 import time
 
-from flwr.app import Message, MessageType, RecordDict
+from flwr.app import Message
 from flwr.serverapp import Grid
 
+from protocol.codec import ProtocolError
+from protocol.messages import INFO, NodeInfo, instruction, read_reply
 from strategies.federation import Federation
-from strategies.utils import answering_node, short_reason
+from strategies.replies import answering_node, short_reason
 
 log = logging.getLogger(__name__)
-
-INFO_QUERY = f"{MessageType.QUERY}.info"
 
 
 class DiscoveryError(RuntimeError):
@@ -42,7 +42,7 @@ def wait_for_nodes(grid: Grid, expected: int, timeout: float, poll_s: float = 1.
 def discover(grid: Grid, expected: int, wait_timeout: float, reply_timeout: float) -> Federation:
     """Map every connected node to its partition id; the ids must be exactly 0..expected-1."""
     nodes = wait_for_nodes(grid, expected, wait_timeout)
-    queries = [Message(content=RecordDict(), message_type=INFO_QUERY, dst_node_id=node) for node in nodes]
+    queries = [Message(content=instruction(), message_type=INFO, dst_node_id=node) for node in nodes]
     replies = list(grid.send_and_receive(queries, timeout=reply_timeout))
     node_of: dict[int, int] = {}
     num_examples: dict[int, int] = {}
@@ -54,11 +54,11 @@ def discover(grid: Grid, expected: int, wait_timeout: float, reply_timeout: floa
             problems.append(f"node {node} failed the info query: {short_reason(reply.error.reason)}")
             continue
         try:
-            info = reply.content["info"]
-            pid, size = int(info["partition-id"]), int(info["num-examples"])
-        except (KeyError, ValueError, TypeError) as err:
-            problems.append(f"node {node} sent no usable partition-id/num-examples ({err!r})")
+            info = read_reply(reply.content, NodeInfo, f"node {node}")
+        except ProtocolError as err:
+            problems.append(str(err))
             continue
+        pid, size = info.partition_id, info.num_examples
         if not 0 <= pid < expected:
             problems.append(f"node {node} reports partition {pid}, outside 0..{expected - 1} (num_clients={expected})")
             continue

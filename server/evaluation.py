@@ -4,25 +4,27 @@ from __future__ import annotations
 
 import torch
 from flwr.app import ArrayRecord
-from omegaconf import DictConfig
 
-from client.evaluation import evaluate
-from client.setup import configured_model, configured_transforms, resolve_device
 from data.sources.base import Dataset
+from settings.run import RunSettings
+from task.build import model_for, transforms_for
+from task.device import resolve_device
+from task.evaluation import evaluate
+from task.scores import Scores
 
 
 class CentralEvaluator:
     """Loads global arrays into one model kept for the run and scores it on the test split."""
 
-    def __init__(self, cfg: DictConfig, dataset: Dataset) -> None:
-        self.device = resolve_device(cfg.server.device)
-        self.model = configured_model(cfg, dataset).to(self.device)
-        _, self.transform = configured_transforms(cfg, dataset)
+    def __init__(self, settings: RunSettings, dataset: Dataset) -> None:
+        self.device = resolve_device(settings.server.device)
+        self.model = model_for(settings.model, dataset, settings.transforms).to(self.device)
+        _, self.transform = transforms_for(settings.transforms, dataset)
         self.test = dataset.test
-        self.batch_size = int(cfg.server.eval_batch_size)
+        self.batch_size = settings.server.eval_batch_size
 
-    def __call__(self, arrays: ArrayRecord) -> dict[str, float]:
-        """{"loss", "accuracy", "num-examples"} of the model given by ``arrays`` on the test split."""
+    def __call__(self, arrays: ArrayRecord) -> Scores:
+        """The scores of the model given by ``arrays`` on the test split."""
         self.model.load_state_dict(arrays.to_torch_state_dict())
         with torch.no_grad():
             return evaluate(self.model, self.test.images, self.test.labels, self.transform,

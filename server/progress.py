@@ -20,6 +20,7 @@ class Progress:
         self.stream = stream or sys.stdout
 
     def line(self, row: dict[str, Any]) -> str:
+        """The progress line of a results row: round, stage, test scores, clients, cost, elapsed time and ETA."""
         done = row["round"]
         eta = row["elapsed_s"] / done * (self.total - done) if done else 0.0
         acc = "  -   " if row["test_acc"] is None else f"{row['test_acc']:.4f}"
@@ -29,4 +30,5 @@ class Progress:
                 f"elapsed {_clock(row['elapsed_s'])}  ETA {_clock(eta)}")
 
     def update(self, row: dict[str, Any]) -> None:
+        """Print the line of a finished round's results row."""
         print(self.line(row), file=self.stream, flush=True)

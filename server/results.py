@@ -9,26 +9,13 @@ from __future__ import annotations
 import csv
 import json
 import math
-import os
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
+from common.atomic_files import write_json_atomic
+
 ROUND_FIELDS = ("round", "stage", "test_acc", "test_loss", "clients", "comm_cost", "train_loss", "elapsed_s")
-
-
-def write_json_atomic(path: Path, payload: dict[str, Any]) -> None:
-    """Write ``payload`` as JSON to ``path`` via a temp file + rename (never a half-written file)."""
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w") as out:
-            json.dump(payload, out, indent=1, allow_nan=False)
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    except BaseException:
-        os.unlink(tmp)
-        raise
 
 
 def summarise(rounds: list[dict[str, Any]], wall_s: float) -> dict[str, Any]:
@@ -67,6 +54,7 @@ class ResultsWriter:
 
     @property
     def elapsed(self) -> float:
+        """Seconds since the writer was created (the run's start)."""
         return time.perf_counter() - self.start
 
     def add_round(
@@ -80,6 +68,7 @@ class ResultsWriter:
         test_loss: float | None,
         train_loss: float | None = None,
     ) -> dict[str, Any]:
+        """Append a finished round to rounds.csv and results.json (non-finite scores as null); returns its row."""
         row = {
             "round": server_round, "stage": stage, "test_acc": _finite(test_acc), "test_loss": _finite(test_loss),
             "clients": list(clients), "comm_cost": comm_cost, "train_loss": _finite(train_loss),

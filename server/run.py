@@ -6,68 +6,76 @@ import logging
 from typing import Any
 
 import torch
-from flwr.app import ArrayRecord, ConfigRecord, MetricRecord
+from flwr.app import ArrayRecord, MetricRecord
 from flwr.serverapp import Grid
-from omegaconf import DictConfig, OmegaConf
 
-from client.setup import configured_model
+from common.seeding import rng_for
 from data.scene import prepare_scene
-from data.seeding import rng_for
-from server.checks import check_run_config
+from data.sources.base import Dataset
+from server.config import RunPlan
 from server.discovery import discover
 from server.evaluation import CentralEvaluator
 from server.progress import Progress
 from server.results import ResultsWriter
-from strategies.fedcorr_metrics import GroundTruth
+from settings.run import RunSettings
+from strategies.base import RoundInfo
+from strategies.ground_truth import GroundTruth
 from strategies.registry import build_strategy
+from task.build import model_for
 
 log = logging.getLogger(__name__)
 
 
-def initial_model(cfg: DictConfig, dataset) -> torch.nn.Module:
+def initial_model(settings: RunSettings, dataset: Dataset) -> torch.nn.Module:
     """The starting global model, initialised from the run's seed."""
-    torch.manual_seed(int(rng_for(cfg.seed, "model-init").integers(2**31)))
-    return configured_model(cfg, dataset)
+    torch.manual_seed(int(rng_for(settings.seed, "model-init").integers(2**31)))
+    return model_for(settings.model, dataset, settings.transforms)
 
 
-def initial_arrays(cfg: DictConfig, dataset) -> ArrayRecord:
-    return ArrayRecord(initial_model(cfg, dataset).state_dict())
+def initial_arrays(settings: RunSettings, dataset: Dataset) -> ArrayRecord:
+    """The starting global model's state dict as an ``ArrayRecord``."""
+    return ArrayRecord(initial_model(settings, dataset).state_dict())
 
 
-def run_server(grid: Grid, cfg: DictConfig) -> dict[str, Any]:
-    """Run the configured strategy over the nodes of ``grid``; returns the final results payload."""
-    check_run_config(cfg)
-    results = ResultsWriter(cfg.out_dir, OmegaConf.to_container(cfg, resolve=True))
-    scene, dataset, _ = prepare_scene(cfg)
-    model = initial_model(cfg, dataset)
-    strategy = build_strategy(cfg, rng_for(cfg.seed, "client-sampling"), GroundTruth.from_scene(scene),
-                              parameter_names=[name for name, _ in model.named_parameters()])
-    strategy.bind(discover(grid, cfg.num_clients, cfg.server.node_wait_timeout, cfg.server.round_timeout))
-    evaluator = CentralEvaluator(cfg, dataset)
-    num_rounds = strategy.planned_rounds()
-    progress = Progress(num_rounds)
+class RoundReporter:
+    """The run's observer: evaluates the global model when due, writes the round to the results and
+    prints its progress line. Returns the evaluation for the strategy's Result."""
 
-    def after_round(server_round: int, arrays: ArrayRecord) -> MetricRecord | None:
-        if server_round == 0:
-            return None
-        info = strategy.history[-1]
-        due = server_round % cfg.server.eval_every == 0 or server_round == num_rounds
-        scores = evaluator(arrays) if due else {}
-        row = results.add_round(
-            server_round=server_round, stage=info.stage, clients=info.clients, comm_cost=info.comm_cost,
-            test_acc=scores.get("accuracy"), test_loss=scores.get("loss"), train_loss=info.train_loss,
+    def __init__(self, settings: RunSettings, evaluator: CentralEvaluator, results: ResultsWriter,
+                 num_rounds: int) -> None:
+        self.eval_every = settings.server.eval_every
+        self.evaluator = evaluator
+        self.results = results
+        self.num_rounds = num_rounds
+        self.progress = Progress(num_rounds)
+
+    def __call__(self, info: RoundInfo, arrays: ArrayRecord) -> MetricRecord | None:
+        """Report a finished round; the global model's accuracy and loss when it was evaluated, else None."""
+        due = info.round % self.eval_every == 0 or info.round == self.num_rounds
+        scores = self.evaluator(arrays) if due else None
+        row = self.results.add_round(
+            server_round=info.round, stage=info.stage, clients=info.clients, comm_cost=info.comm_cost,
+            test_acc=None if scores is None else scores.accuracy,
+            test_loss=None if scores is None else scores.loss, train_loss=info.train_loss,
         )
-        progress.update(row)
-        return MetricRecord({"accuracy": scores["accuracy"], "loss": scores["loss"]}) if scores else None
+        self.progress.update(row)
+        return None if scores is None else MetricRecord({"accuracy": scores.accuracy, "loss": scores.loss})
 
-    strategy.start(
-        grid,
-        ArrayRecord(model.state_dict()),
-        num_rounds=num_rounds,
-        timeout=float(cfg.server.round_timeout),
-        train_config=ConfigRecord(OmegaConf.to_container(cfg.strategy.train)),
-        evaluate_fn=after_round,
-    )
+
+def run_server(grid: Grid, plan: RunPlan) -> dict[str, Any]:
+    """Run the planned strategy over the nodes of ``grid``; returns the final results payload."""
+    settings = plan.settings
+    results = ResultsWriter(settings.out_dir, settings.resolved)
+    scene, dataset, _ = prepare_scene(settings.scene, settings.out_dir)
+    model = initial_model(settings, dataset)
+    truth = GroundTruth.from_scene(scene) if settings.ground_truth else None
+    env = plan.environment(parameter_names=tuple(name for name, _ in model.named_parameters()), truth=truth)
+    strategy = build_strategy(plan.strategy, env, rng_for(settings.seed, "client-sampling"))
+    strategy.bind(discover(grid, settings.num_clients, settings.server.node_wait_timeout,
+                           settings.server.round_timeout))
+    num_rounds = strategy.planned_rounds()
+    strategy.observe(RoundReporter(settings, CentralEvaluator(settings, dataset), results, num_rounds))
+    strategy.start(grid, ArrayRecord(model.state_dict()), timeout=settings.server.round_timeout)
     extra = strategy.extra_results()
     for name, block in extra.items():
         results.write_table(f"{name}_clients.csv", block.get("clients", []))

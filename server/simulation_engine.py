@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import secrets
 import tempfile
 import warnings
@@ -15,8 +14,9 @@ from flwr.app import Context, RecordDict
 from flwr.clientapp import ClientApp
 from flwr.serverapp import ServerApp
 
-from data.errors import ConfigError
-from data.registry import check_int, check_number
+from common.errors import ConfigError
+from common.validation import check_int
+from settings.run import SimulationSettings
 
 RunConfig = dict[str, bool | int | float | str]
 
@@ -29,16 +29,14 @@ def run_simulation_engine(
     *,
     num_supernodes: int,
     run_config: RunConfig,
-    num_cpus_per_client: float = 1.0,
-    num_gpus_per_client: float = 0.0,
-    ray_init_args: dict[str, Any] | None = None,
-    verbose: bool = False,
+    simulation: SimulationSettings | None = None,
 ) -> None:
     """Run ``server_app`` against ``num_supernodes`` virtual SuperNodes and return when it finishes.
 
     Both apps see ``run_config`` as ``context.run_config``; each ClientApp also sees
     ``context.node_config`` = {"partition-id": 0..num_supernodes-1, "num-partitions": num_supernodes}.
-    Ray runs as many ClientApp actors as fit ``num_cpus_per_client``/``num_gpus_per_client``; the
+    ``simulation`` (checked when it was built) sets each client's Ray resources, extra ``ray.init``
+    arguments and verbosity. Ray runs as many ClientApp actors as fit those resources; the
     actors live for the whole run and serve any node, so module-level caches in a ClientApp module
     survive between messages but are shared by the partitions one actor happens to serve.
 
@@ -46,7 +44,8 @@ def run_simulation_engine(
     holds all ``num_supernodes`` nodes, and should pass a ``timeout`` to ``grid.send_and_receive``.
 
     Errors:
-      - bad arguments raise ConfigError before Ray starts;
+      - bad arguments raise ConfigError before Ray starts (resources that cannot fit one actor are
+        refused when ``SimulationSettings`` is built);
       - an exception raised in the ServerApp's main is re-raised here unchanged;
       - an exception raised in a ClientApp does not stop the run: the server gets a reply with
         ``reply.has_error()`` true and no content, ``reply.error.code`` equal to
@@ -57,19 +56,22 @@ def run_simulation_engine(
         runs on until its own waits time out, which is why resources that cannot fit one actor are
         refused up front.
 
-    Ray is started with ``ray_init_args`` over quiet defaults (no dashboard, Ray logs at ERROR and
+    Ray is started with ``simulation.ray_init_args`` over quiet defaults (no dashboard, Ray logs at ERROR and
     actor output hidden unless ``verbose``) and is shut down on return, also after an error. If Ray
     is already running, Flower reuses it, so ``ray_init_args`` do not apply, and still shuts it down.
     """
+    simulation = simulation or SimulationSettings()
+    verbose = simulation.verbose
     init_args = {
         "include_dashboard": False,
         "logging_level": "INFO" if verbose else "ERROR",
         "log_to_driver": verbose,
-        **(ray_init_args or {}),
+        **simulation.ray_init_args,
     }
-    _check_arguments(num_supernodes, run_config, num_cpus_per_client, num_gpus_per_client, init_args)
+    _check_arguments(num_supernodes, run_config)
     backend_config = {
-        "client_resources": {"num_cpus": float(num_cpus_per_client), "num_gpus": float(num_gpus_per_client)},
+        "client_resources": {"num_cpus": float(simulation.num_cpus_per_client),
+                             "num_gpus": float(simulation.num_gpus_per_client)},
         "init_args": init_args,
     }
     try:
@@ -84,13 +86,7 @@ def run_simulation_engine(
             ray.shutdown()
 
 
-def _check_arguments(
-    num_supernodes: int,
-    run_config: RunConfig,
-    num_cpus_per_client: float,
-    num_gpus_per_client: float,
-    init_args: dict[str, Any],
-) -> None:
+def _check_arguments(num_supernodes: int, run_config: RunConfig) -> None:
     """Raise ConfigError for the first bad argument."""
     check_int("num_supernodes", num_supernodes, low=1)
     if not isinstance(run_config, dict):
@@ -100,16 +96,6 @@ def _check_arguments(
             raise ConfigError(
                 f"run_config[{key!r}]={value!r} is invalid: allowed are str keys with bool, int, float or str values"
             )
-    # Asking for more than Ray has leaves the actor pool empty: Flower then raises, but only after
-    # the ServerApp thread has started, and nothing here can stop that thread waiting for replies.
-    num_cpus = init_args.get("num_cpus", os.cpu_count() or 1)
-    check_number("num_cpus_per_client", num_cpus_per_client, low=0.0, low_open=True, high=num_cpus)
-    check_number("num_gpus_per_client", num_gpus_per_client, low=0.0)
-    if num_gpus_per_client > 0:
-        import torch  # only when GPUs are asked for: it is slow to import
-
-        num_gpus = init_args.get("num_gpus", torch.cuda.device_count())
-        check_number("num_gpus_per_client", num_gpus_per_client, low=0.0, high=num_gpus)
 
 
 def _run_flower_simulation(

@@ -1,29 +1,30 @@
-"""Plumbing every strategy of ours shares: addressing clients by partition id, seeded sampling,
-checking replies against a failure policy, and a log of who took part in each round."""
+"""What every strategy of ours shares: clients addressed by partition id, replies checked (failure
+policy and protocol) before aggregation, and one run log whose observer sees every finished round."""
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
-from flwr.app import Message, RecordDict
+from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
 from flwr.serverapp import Grid
-from flwr.serverapp.strategy import Strategy
+from flwr.serverapp.strategy import Result, Strategy
 
-from data.errors import ConfigError
+from protocol.codec import ProtocolError
+from protocol.messages import TrainRes, read_arrays, read_reply
 from strategies.federation import Federation
-from strategies.utils import answering_node, short_reason
+from strategies.replies import answering_node, short_reason
 
 log = logging.getLogger(__name__)
 
-ON_CLIENT_ERROR = ("fail", "skip")
+T = TypeVar("T")
 
 
 class ClientFailure(RuntimeError):
-    """A client raised or did not answer in time, and the policy says the round must fail."""
+    """A client raised, did not answer in time or sent a bad reply, and the policy says the round fails."""
 
 
 @dataclass(frozen=True)
@@ -37,33 +38,70 @@ class RoundInfo:
     train_loss: float | None
 
 
-class FederatedStrategy(Strategy):
-    """Base class: subclasses implement Flower's ``configure_train``/``aggregate_train`` (or their own
-    ``start``) using ``messages``/``exchange`` and ``collect_replies`` below, and call
-    ``record_round`` once per round.
+RoundObserver = Callable[[RoundInfo, ArrayRecord], MetricRecord | None]
+"""Called once per finished round with the new global arrays; may return metrics of the global model
+(the server's central evaluation), which the strategy's ``Result`` keeps for that round."""
 
-    rng: the generator every client-sampling decision draws from (seeded from the run's seed).
-    on_client_error: "fail" stops the run when a client raises or times out, naming its
-        partition; "skip" drops that client from the round with a warning.
-    history: the round log to append to; a strategy nested in another (FedCorr's stage 3) shares
-        its parent's, so rounds and communication cost run on across stages.
+
+class RunLog:
+    """The rounds a run has finished, shared by a strategy and the strategies nested in it (FedCorr's
+    stage 3), so rounds and communication cost run on across stages.
+
+    observer: sees every round (``RoundObserver``); None until the server attaches one.
     """
 
-    def __init__(
-        self, *, rng: np.random.Generator, on_client_error: str = "fail", history: list[RoundInfo] | None = None
-    ) -> None:
-        if on_client_error not in ON_CLIENT_ERROR:
-            raise ConfigError(
-                f"server.on_client_error={on_client_error!r} is invalid: allowed are {', '.join(ON_CLIENT_ERROR)}"
-            )
+    def __init__(self) -> None:
+        self.rounds: list[RoundInfo] = []
+        self.observer: RoundObserver | None = None
+        self.result = Result()
+
+    @property
+    def comm_cost(self) -> int:
+        """Client participations so far (the FedCorr paper's communication cost)."""
+        return self.rounds[-1].comm_cost if self.rounds else 0
+
+    def record(self, info: RoundInfo, arrays: ArrayRecord) -> None:
+        """Log a finished round, show it to the observer and keep its metrics in the Result."""
+        self.rounds.append(info)
+        self.result.arrays = arrays
+        if info.train_loss is not None:
+            self.result.train_metrics_clientapp[info.round] = MetricRecord({"train-loss": info.train_loss})
+        scores = self.observer(info, arrays) if self.observer is not None else None
+        if scores is not None:
+            self.result.evaluate_metrics_serverapp[info.round] = scores
+
+
+@dataclass(frozen=True)
+class TrainReply:
+    """A checked ``train`` reply: the trained arrays, the client's report, and a method's extra."""
+
+    arrays: ArrayRecord
+    result: TrainRes
+    extra: Any = None
+
+
+class FederatedStrategy(Strategy):
+    """Base class. Subclasses implement ``planned_rounds`` and Flower's ``configure_train`` /
+    ``aggregate_train`` using ``messages``, ``collect``/``exchange`` and ``record_round``; ``start`` runs
+    them in Flower's round loop and returns the run log's ``Result``.
+
+    rng: the generator every client-sampling decision draws from (seeded from the run's seed).
+    skip_failed: False stops the run when a client raises, times out or sends a bad reply, naming its
+        partition; True drops that client from the round with a warning (``server.on_client_error``).
+    """
+
+    def __init__(self, *, rng: np.random.Generator, skip_failed: bool = False) -> None:
         self.rng = rng
-        self.on_client_error = on_client_error
+        self.skip_failed = skip_failed
+        self.log = RunLog()
+        self.timeout = 3600.0
+        self.global_arrays: ArrayRecord | None = None  # what this round's clients start from
         self._federation: Federation | None = None
-        self.history: list[RoundInfo] = [] if history is None else history
         self._sent: dict[int, Message] = {}
 
     @property
     def federation(self) -> Federation:
+        """The partition-to-node map given by ``bind``; an error before the server binds one."""
         if self._federation is None:
             raise RuntimeError("bind(federation) must be called before the strategy starts")
         return self._federation
@@ -72,10 +110,19 @@ class FederatedStrategy(Strategy):
         """Tell the strategy which node holds which partition (from the server's discovery round)."""
         self._federation = federation
 
+    def observe(self, observer: RoundObserver) -> None:
+        """Show every finished round to ``observer``."""
+        self.log.observer = observer
+
+    @property
+    def history(self) -> list[RoundInfo]:
+        """The rounds finished so far, across every stage that shares this run log."""
+        return self.log.rounds
+
     @property
     def comm_cost(self) -> int:
-        """Client participations so far (the FedCorr paper's communication cost)."""
-        return self.history[-1].comm_cost if self.history else 0
+        """Client participations so far (see ``RunLog.comm_cost``)."""
+        return self.log.comm_cost
 
     def planned_rounds(self) -> int:
         """How many rounds the run will take (for progress and the final evaluation)."""
@@ -84,6 +131,12 @@ class FederatedStrategy(Strategy):
     def extra_results(self) -> dict[str, Any]:
         """Method-specific blocks for results.json (e.g. FedCorr's detection metrics)."""
         return {}
+
+    def summary(self) -> None:
+        """Log the strategy's class, its rounds and its failure policy."""
+        log.info("%s: %d rounds, skip_failed=%s", type(self).__name__, self.planned_rounds(), self.skip_failed)
+
+    # --- messages ------------------------------------------------------------------------------
 
     def messages(self, contents: dict[int, RecordDict], message_type: str) -> list[Message]:
         """One message per client (partition id -> its content); remembers whom it was sent to."""
@@ -97,32 +150,85 @@ class FederatedStrategy(Strategy):
         """The partition a reply answers for (see ``answering_node``)."""
         return self.federation.partition_of(answering_node(reply, self._sent.values()))
 
-    def exchange(self, grid: Grid, contents: dict[int, RecordDict], message_type: str, timeout: float) -> dict[int, RecordDict]:
-        """Send, wait at most ``timeout`` seconds, and return the replies that pass the failure policy."""
-        return self.collect_replies(grid.send_and_receive(self.messages(contents, message_type), timeout=timeout))
+    def exchange(self, grid: Grid, contents: dict[int, RecordDict], message_type: str,
+                 read: Callable[[RecordDict, str], T]) -> dict[int, T]:
+        """Send, wait at most ``timeout`` seconds, and return the checked replies (see ``collect``)."""
+        return self.collect(grid.send_and_receive(self.messages(contents, message_type), timeout=self.timeout), read)
 
-    def collect_replies(self, replies: Iterable[Message]) -> dict[int, RecordDict]:
-        """Replies by partition id, after applying the failure policy to errors and missing replies."""
-        good: dict[int, RecordDict] = {}
+    def collect(self, replies: Iterable[Message], read: Callable[[RecordDict, str], T]) -> dict[int, T]:
+        """Replies by partition id, each decoded by ``read(content, sender)``, after the failure
+        policy: a client that raised, was silent or sent a reply ``read`` refuses has failed."""
+        good: dict[int, T] = {}
         failed: dict[int, str] = {}
         for reply in replies:
             pid = self.partition_of_reply(reply)
             if reply.has_error():
                 log.debug("client %d failed with:\n%s", pid, reply.error.reason)
                 failed[pid] = f"client {pid} failed: {short_reason(reply.error.reason)}"
-            else:
-                good[pid] = reply.content
+                continue
+            try:
+                good[pid] = read(reply.content, f"client {pid}")
+            except ProtocolError as err:
+                failed[pid] = str(err)
         for pid in self._sent:
             if pid not in good and pid not in failed:
                 failed[pid] = f"client {pid} did not reply in time"
-        if failed and (self.on_client_error == "fail" or not good):
+        if failed and (not self.skip_failed or not good):
             left = "" if good else " (no client left in the round)"
             raise ClientFailure("; ".join(failed[pid] for pid in sorted(failed)) + left)
         for pid in sorted(failed):
             log.warning("%s; skipped (server.on_client_error=skip)", failed[pid])
         return dict(sorted(good.items()))
 
-    def record_round(self, server_round: int, stage: str, clients: list[int], train_loss: float | None) -> RoundInfo:
+    def read_train(self, content: RecordDict, sender: str) -> TrainReply:
+        """A ``train`` reply: arrays shaped like the global model's, and the client's report."""
+        return TrainReply(read_arrays(content, sender, like=self.global_arrays), read_reply(content, TrainRes, sender))
+
+    # --- rounds --------------------------------------------------------------------------------
+
+    def record_round(self, server_round: int, stage: str, clients: list[int], train_loss: float | None,
+                     arrays: ArrayRecord) -> RoundInfo:
+        """Log a finished round with the new global ``arrays``; the observer sees it."""
         info = RoundInfo(server_round, stage, sorted(clients), self.comm_cost + len(clients), train_loss)
-        self.history.append(info)
+        self.log.record(info, arrays)
         return info
+
+    def finish(self, grid: Grid, arrays: ArrayRecord) -> None:
+        """Work due after the last round (none by default; FedCorr's pending corrections)."""
+
+    def start(
+        self,
+        grid: Grid,
+        initial_arrays: ArrayRecord,
+        num_rounds: int | None = None,
+        timeout: float = 3600,
+        train_config: ConfigRecord | None = None,
+        evaluate_config: ConfigRecord | None = None,
+        evaluate_fn: Callable[[int, ArrayRecord], MetricRecord | None] | None = None,
+    ) -> Result:
+        """Run ``planned_rounds()`` rounds (``num_rounds`` must agree if given) in Flower's loop.
+
+        Every exchange waits at most ``timeout`` seconds. Clients train with the strategy's own
+        local-training settings (``train_config`` is not used). Returns the run log's Result: the
+        final arrays, each round's train loss and whatever the observer returned.
+        """
+        planned = self.planned_rounds()
+        if num_rounds is not None and num_rounds != planned:
+            raise ValueError(f"{type(self).__name__} runs {planned} rounds; num_rounds={num_rounds} disagrees")
+        self.timeout = float(timeout)
+        self.log.result.arrays = initial_arrays
+        result = super().start(grid, initial_arrays, planned, timeout, train_config, evaluate_config, evaluate_fn)
+        self.finish(grid, self.log.result.arrays)
+        for server_round, metrics in result.evaluate_metrics_serverapp.items():
+            self.log.result.evaluate_metrics_serverapp.setdefault(server_round, metrics)
+        return self.log.result
+
+    def configure_evaluate(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
+                           grid: Grid) -> Iterable[Message]:
+        """No client evaluates: the observer evaluates the global model centrally."""
+        # The global model is evaluated centrally on the test split, by the observer.
+        return []
+
+    def aggregate_evaluate(self, server_round: int, replies: Iterable[Message]) -> MetricRecord | None:
+        """Nothing to aggregate: no client evaluates (see ``configure_evaluate``)."""
+        return None

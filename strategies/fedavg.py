@@ -4,44 +4,42 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
-from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
+from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord
 from flwr.serverapp import Grid
 
-from strategies.base import FederatedStrategy, RoundInfo
-from strategies.utils import round_size, sample_clients, weighted_average
+from protocol.messages import TRAIN, TrainIns, instruction
+from strategies.aggregation import as_numpy, as_record, weighted_average
+from strategies.base import FederatedStrategy, TrainReply
+from strategies.registry import RoundMethod, round_entry
+from strategies.sampling import round_size, sample_clients
+from task.local_training import LocalTraining
 
 log = logging.getLogger(__name__)
 
 
-def client_states(replies: dict[int, RecordDict]) -> list[dict[str, np.ndarray]]:
+def client_states(replies: dict[int, TrainReply]) -> list[dict[str, np.ndarray]]:
     """Every reply's arrays as NumPy, in partition order."""
-    return [{key: array.numpy() for key, array in content["arrays"].items()} for content in replies.values()]
+    return [as_numpy(reply.arrays) for reply in replies.values()]
 
 
-def example_counts(replies: dict[int, RecordDict]) -> list[float]:
-    return [float(content["metrics"]["num-examples"]) for content in replies.values()]
+def example_counts(replies: dict[int, TrainReply]) -> list[float]:
+    """Every reply's local set size (its ``num-examples``), in partition order."""
+    return [float(reply.result.num_examples) for reply in replies.values()]
 
 
-def mean_train_loss(replies: dict[int, RecordDict]) -> float:
+def mean_train_loss(replies: dict[int, TrainReply]) -> float:
     """The clients' train losses averaged weighted by their local set sizes."""
-    losses = [float(content["metrics"]["train_loss"]) for content in replies.values()]
+    losses = [reply.result.train_loss for reply in replies.values()]
     return float(np.average(losses, weights=example_counts(replies)))
 
 
-def to_record(state: dict[str, np.ndarray]) -> ArrayRecord:
-    return ArrayRecord({key: Array(value) for key, value in state.items()})
-
-
-def average_arrays(replies: dict[int, RecordDict]) -> ArrayRecord:
+def average_arrays(replies: dict[int, TrainReply]) -> ArrayRecord:
     """The clients' arrays averaged weighted by their ``num-examples``."""
-    return to_record(weighted_average(client_states(replies), example_counts(replies)))
-
-
-def average_replies(replies: dict[int, RecordDict]) -> tuple[ArrayRecord, float]:
-    """The weighted average of the clients' arrays, and their mean train loss."""
-    return average_arrays(replies), mean_train_loss(replies)
+    return as_record(weighted_average(client_states(replies), example_counts(replies)))
 
 
 class FedAvg(FederatedStrategy):
@@ -51,8 +49,9 @@ class FedAvg(FederatedStrategy):
     num_rounds: rounds to run.
     fraction: share of all clients sampled per round (at least ``min_clients``).
     min_clients: the smallest round size.
+    train: the local SGD settings clients train with.
     stage: the stage name written in the round log (FedCorr's stage 3 is "usual").
-    rng, on_client_error, history: see ``FederatedStrategy``.
+    rng, skip_failed: see ``FederatedStrategy``.
     """
 
     def __init__(
@@ -60,63 +59,72 @@ class FedAvg(FederatedStrategy):
         *,
         num_rounds: int,
         fraction: float,
+        train: LocalTraining,
         min_clients: int = 1,
         stage: str = "fedavg",
         rng: np.random.Generator,
-        on_client_error: str = "fail",
-        history: list[RoundInfo] | None = None,
+        skip_failed: bool = False,
     ) -> None:
-        super().__init__(rng=rng, on_client_error=on_client_error, history=history)
+        super().__init__(rng=rng, skip_failed=skip_failed)
         self.num_rounds = num_rounds
         self.fraction = fraction
         self.min_clients = min_clients
+        self.train = train
         self.stage = stage
-        self.global_arrays: ArrayRecord | None = None  # what this round's clients started from
 
     def summary(self) -> None:
-        log.info("%s: fraction=%s, min_clients=%s, on_client_error=%s",
-                 type(self).__name__, self.fraction, self.min_clients, self.on_client_error)
+        """Log the schedule and the local training."""
+        log.info("%s: %d rounds, fraction=%s, min_clients=%d, stage=%s, skip_failed=%s, train=%s",
+                 type(self).__name__, self.num_rounds, self.fraction, self.min_clients, self.stage,
+                 self.skip_failed, self.train)
 
     def planned_rounds(self) -> int:
+        """``num_rounds``."""
         return self.num_rounds
+
+    def round_size(self) -> int:
+        """Clients per round: ``fraction`` of the federation, at least ``min_clients``."""
+        return round_size(self.fraction, len(self.federation.partition_ids), self.min_clients)
 
     def select(self, server_round: int, arrays: ArrayRecord, grid: Grid) -> list[int]:
         """The clients that train this round: a fresh uniform sample."""
-        population = self.federation.partition_ids
-        return sample_clients(self.rng, population, self.round_size())
+        return sample_clients(self.rng, self.federation.partition_ids, self.round_size())
 
-    def round_size(self) -> int:
-        return round_size(self.fraction, len(self.federation.partition_ids), self.min_clients)
+    def train_instruction(self, server_round: int) -> TrainIns:
+        """What this round's clients are told to do (subclasses change the training or the method)."""
+        return TrainIns(server_round=server_round, training=self.train)
 
-    def train_config(self, server_round: int, config: ConfigRecord) -> ConfigRecord:
-        """The config sent with this round's train messages (subclasses add their own keys)."""
-        return ConfigRecord({**dict(config), "server-round": server_round})
+    def train_options(self) -> Any:
+        """The client plug-in's options sent with the instruction (None: none)."""
+        return None
 
-    def aggregate(self, replies: dict[int, RecordDict]) -> ArrayRecord:
+    def aggregate(self, replies: dict[int, TrainReply]) -> ArrayRecord:
         """The new global arrays from this round's replies."""
         return average_arrays(replies)
 
     def configure_train(
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
     ) -> Iterable[Message]:
+        """Send this round's sample the global arrays and its train instruction."""
         self.global_arrays = arrays
         chosen = self.select(server_round, arrays, grid)
-        content = RecordDict({"arrays": arrays, "config": self.train_config(server_round, config)})
-        return self.messages({pid: content for pid in chosen}, MessageType.TRAIN)
+        ins = self.train_instruction(server_round)
+        content = instruction(ins, arrays=arrays, options=self.train_options(), method=ins.method)
+        return self.messages({pid: content for pid in chosen}, TRAIN)
 
     def aggregate_train(
         self, server_round: int, replies: Iterable[Message]
     ) -> tuple[ArrayRecord | None, MetricRecord | None]:
-        good = self.collect_replies(replies)
+        """The new global arrays from the good replies, and their size-weighted mean train loss."""
+        good = self.collect(replies, self.read_train)
         arrays, train_loss = self.aggregate(good), mean_train_loss(good)
-        self.record_round(server_round, self.stage, list(good), train_loss)
-        return arrays, MetricRecord({"train_loss": train_loss})
+        self.record_round(server_round, self.stage, list(good), train_loss, arrays)
+        return arrays, MetricRecord({"train-loss": train_loss})
 
-    def configure_evaluate(
-        self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
-    ) -> Iterable[Message]:
-        # The global model is evaluated centrally on the test split (server.evaluate_fn).
-        return []
 
-    def aggregate_evaluate(self, server_round: int, replies: Iterable[Message]) -> MetricRecord | None:
-        return None
+@dataclass(frozen=True)
+class NoOptions:
+    """A round-based method without options of its own."""
+
+
+STRATEGY = round_entry("fedavg", RoundMethod(NoOptions, FedAvg))

@@ -7,32 +7,12 @@ detected clients, mu_hat) is recorded.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from data.scene import Scene
-
-
-@dataclass(frozen=True)
-class GroundTruth:
-    """noisy_clients: clients the noise model made noisy (level > 0).
-    true_noise: each client's share of wrong labels at the start; sizes: local set sizes."""
-
-    noisy_clients: frozenset[int]
-    true_noise: dict[int, float]
-    sizes: dict[int, int]
-
-    @classmethod
-    def from_scene(cls, scene: Scene) -> GroundTruth:
-        rates = scene.true_noise_rate()
-        sizes = scene.client_sizes()
-        return cls(
-            noisy_clients=frozenset(int(k) for k in np.flatnonzero(scene.noise_level > 0)),
-            true_noise={k: float(rates[k]) for k in range(scene.num_clients)},
-            sizes={k: int(sizes[k]) for k in range(scene.num_clients)},
-        )
+from protocol.fedcorr import CorrectRes
+from strategies.ground_truth import GroundTruth
 
 
 def detection_scores(detected: Iterable[int], truth: Iterable[int]) -> dict[str, float]:
@@ -76,6 +56,8 @@ class FedCorrMonitor:
         detected: list[int],
         mu_hat: Mapping[int, float],
     ) -> None:
+        """Record a finished stage-1 iteration (LID, detected clients, mu_hat) and print its line,
+        with detection scores and label noise when there is ground truth."""
         self.detected, self.cumulative, self.mu_hat = list(detected), dict(cumulative), dict(mu_hat)
         record: dict[str, Any] = {
             "iteration": iteration,
@@ -94,18 +76,21 @@ class FedCorrMonitor:
         self.iterations.append(record)
         print(line, flush=True)
 
-    def corrected(self, mode: str, metrics: Mapping[int, Mapping[str, Any]]) -> None:
+    def corrected(self, replies: Mapping[int, CorrectRes]) -> None:
         """Fold in the ground-truth diagnostics clients return from ``query.correct``."""
-        for pid, values in metrics.items():
-            if "known" in values and values["known"] > 0:
-                self.noise[pid] = values["wrong-after"] / values["known"]
-                self.changed += int(values["changed"])
-                self.changed_correct += int(values["changed-correct"])
+        for pid, res in replies.items():
+            counts = res.diagnostics
+            if counts is not None and counts.known > 0:
+                self.noise[pid] = counts.wrong_after / counts.known
+                self.changed += counts.changed
+                self.changed_correct += counts.changed_correct
 
     def clean_set(self, clean: list[int]) -> None:
+        """Record S_c, the clients stage 2 finetunes on."""
         self.clean = list(clean)
 
     def end_stage(self, key: str) -> None:
+        """Record the label noise under ``key`` when a stage ends, and print it with ground truth."""
         self.label_noise[key] = self._overall_noise()
         if self.truth:
             print(f"[fedcorr] label noise over all samples {key.replace('_', ' ')}: {self.label_noise[key]:.4f}",
@@ -129,6 +114,7 @@ class FedCorrMonitor:
         return rows
 
     def results(self) -> dict[str, Any]:
+        """The ``fedcorr`` block of results.json (with ground truth: detection, noise and relabelling figures)."""
         block: dict[str, Any] = {
             "detected_noisy_clients": sorted(self.detected),
             "finetune_clients": sorted(self.clean),

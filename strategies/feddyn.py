@@ -1,7 +1,7 @@
 """FedDyn (Acar et al. 2021): federated learning with dynamic regularisation.
 
 Server state h starts at 0. Each round the sampled clients P_t train from w^{t-1} with FedDyn's
-local objective (client side: ``client/feddyn.py``) and the server updates
+local objective (client side: ``client/methods/feddyn.py``) and the server updates
     h^t = h^{t-1} - alpha * (1/N) * sum_{k in P_t} (w_k^t - w^{t-1})
     w^t = (1/|P_t|) * sum_{k in P_t} w_k^t - h^t / alpha
 over the model's parameters (N: all clients). BatchNorm buffers are not parameters: they are plainly
@@ -11,15 +11,33 @@ averaged. The learning rate decays by ``lr_decay`` per FedDyn round (FedCorr App
 from __future__ import annotations
 
 from collections.abc import Collection, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
-from flwr.app import ArrayRecord, ConfigRecord, RecordDict
+from flwr.app import ArrayRecord
 
-from data.errors import ConfigError
-from strategies.fedavg import FedAvg, client_states, to_record
-from strategies.utils import weighted_average
+from common.errors import ConfigError
+from common.validation import Number, check_fields, rule
+from protocol.feddyn import METHOD, FedDynOptions
+from protocol.messages import TrainIns
+from strategies.aggregation import as_numpy, as_record, weighted_average
+from strategies.base import TrainReply
+from strategies.environment import Environment
+from strategies.fedavg import FedAvg, client_states
+from strategies.registry import RoundMethod, round_entry
 
-ALPHA_KEY = "feddyn-alpha"
+
+@dataclass(frozen=True)
+class FedDynSettings:
+    """alpha: the dynamic regulariser's coefficient (> 0; FedCorr Appendix B: 0.01).
+    lr_decay: per-round learning-rate factor in (0, 1] (0.998). ``conf/strategy/method/feddyn.yaml``."""
+
+    alpha: float = field(metadata=rule(Number(low=0.0, low_open=True)))
+    lr_decay: float = field(metadata=rule(Number(low=0.0, high=1.0, low_open=True)))
+
+    def __post_init__(self) -> None:
+        check_fields(self)
 
 
 def feddyn_server_step(
@@ -48,13 +66,13 @@ def feddyn_server_step(
 class FedDyn(FedAvg):
     """FedAvg's sampling with FedDyn's client objective and server correction.
 
-    alpha: the dynamic regulariser's coefficient (FedCorr Appendix B: 0.01).
+    alpha: the dynamic regulariser's coefficient.
     lr_decay: the local learning rate is ``train.lr * lr_decay ** r`` in FedDyn's r-th round (from 0).
     parameter_names: the model's parameter keys (``named_parameters``); the other arrays are buffers.
     Other arguments: see ``FedAvg``.
     """
 
-    def __init__(self, *, alpha: float, lr_decay: float, parameter_names: Collection[str], **kwargs) -> None:
+    def __init__(self, *, alpha: float, lr_decay: float, parameter_names: Collection[str], **kwargs: Any) -> None:
         super().__init__(**kwargs)
         if not parameter_names:
             raise ConfigError("FedDyn needs the model's parameter names; none were given")
@@ -64,17 +82,28 @@ class FedDyn(FedAvg):
         self.h: dict[str, np.ndarray] = {}
         self.rounds_done = 0
 
-    def train_config(self, server_round: int, config: ConfigRecord) -> ConfigRecord:
-        record = super().train_config(server_round, config)
-        record["lr"] = float(config["lr"]) * self.lr_decay ** self.rounds_done
-        record[ALPHA_KEY] = self.alpha
-        return record
+    def train_instruction(self, server_round: int) -> TrainIns:
+        """FedAvg's instruction for the FedDyn client, at this FedDyn round's decayed learning rate."""
+        lr = self.train.lr * self.lr_decay ** self.rounds_done
+        return TrainIns(server_round, self.train.but(lr=lr), method=METHOD)
 
-    def aggregate(self, replies: dict[int, RecordDict]) -> ArrayRecord:
-        start = {key: array.numpy() for key, array in self.global_arrays.items()}
+    def train_options(self) -> FedDynOptions:
+        """The FedDyn client's ``alpha``."""
+        return FedDynOptions(alpha=self.alpha)
+
+    def aggregate(self, replies: dict[int, TrainReply]) -> ArrayRecord:
+        """FedDyn's server step: the clients' mean corrected by the updated state h."""
+        assert self.global_arrays is not None
         new_global, self.h = feddyn_server_step(
-            start, client_states(replies), self.h, alpha=self.alpha,
+            as_numpy(self.global_arrays), client_states(replies), self.h, alpha=self.alpha,
             num_clients=len(self.federation.partition_ids), parameter_names=self.parameter_names,
         )
         self.rounds_done += 1
-        return to_record(new_global)
+        return as_record(new_global)
+
+
+def _feddyn_arguments(options: FedDynSettings, env: Environment) -> dict[str, Any]:
+    return {"alpha": options.alpha, "lr_decay": options.lr_decay, "parameter_names": env.parameter_names}
+
+
+STRATEGY = round_entry("feddyn", RoundMethod(FedDynSettings, FedDyn, extra=_feddyn_arguments))

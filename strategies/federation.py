@@ -20,6 +20,7 @@ class Federation:
 
     @property
     def partition_ids(self) -> list[int]:
+        """Every partition id in the federation, ascending."""
         return sorted(self.node_of)
 
     def partition_of(self, node_id: int) -> int:

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
-from flwr.app import ArrayRecord, RecordDict
+from flwr.app import ArrayRecord
 
-from strategies.fedavg import FedAvg, client_states, to_record
-from strategies.utils import coordinate_median
+from strategies.aggregation import as_record, coordinate_median
+from strategies.base import TrainReply
+from strategies.fedavg import FedAvg, NoOptions, client_states
+from strategies.registry import RoundMethod, round_entry
 
 
 class FedMedian(FedAvg):
@@ -14,5 +16,9 @@ class FedMedian(FedAvg):
     Arguments: see ``FedAvg``.
     """
 
-    def aggregate(self, replies: dict[int, RecordDict]) -> ArrayRecord:
-        return to_record(coordinate_median(client_states(replies)))
+    def aggregate(self, replies: dict[int, TrainReply]) -> ArrayRecord:
+        """The coordinate-wise median of the clients' arrays."""
+        return as_record(coordinate_median(client_states(replies)))
+
+
+STRATEGY = round_entry("fedmedian", RoundMethod(NoOptions, FedMedian))

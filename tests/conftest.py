@@ -63,14 +63,51 @@ def node_context():
 def prepared_run(tmp_path_factory: pytest.TempPathFactory):
     """``prepared_run(overrides)``: the scene for ``overrides`` prepared under a fresh out_dir, as the
     handlers see it: (overrides with that out_dir, the scene, the initial global arrays)."""
-    from conf import compose_config
     from data.scene import prepare_scene
     from server.run import initial_arrays
+    from settings.compose import compose_config
+    from settings.run import run_settings
 
     def prepare(overrides: str):
         overrides = f"{overrides} out_dir={tmp_path_factory.mktemp('run')}"
-        cfg = compose_config(overrides.split())
-        scene, dataset, _ = prepare_scene(cfg)
-        return overrides, scene, initial_arrays(cfg, dataset)
+        settings = run_settings(compose_config(overrides.split()))
+        scene, dataset, _ = prepare_scene(settings.scene, settings.out_dir)
+        return overrides, scene, initial_arrays(settings, dataset)
 
     return prepare
+
+
+@pytest.fixture
+def local_grid(flower_identity):
+    """``local_grid(overrides, num_nodes, client_app=the project's)``: a ``tests.grid.LocalGrid`` whose
+    nodes run the ClientApp in this process with the run config of ``overrides``."""
+    from grid import LocalGrid
+
+    def build(overrides: str, num_nodes: int, client_app=None, **kwargs):
+        if client_app is None:
+            from client.app import app as client_app
+        return LocalGrid(client_app, num_nodes=num_nodes, run_config={"overrides": overrides}, **kwargs)
+
+    return build
+
+
+@pytest.fixture
+def run_inprocess(local_grid, tmp_path):
+    """``run_inprocess(overrides) -> (results payload, grid)``: a whole run of the real ServerApp logic
+    (discovery, strategy, central evaluation, results files) over a ``LocalGrid``, without Ray.
+    ``ground_truth=true`` as in a simulation unless the overrides set it; out_dir under tmp_path."""
+    from server.config import load_run
+    from server.run import run_server
+    from settings.compose import compose_config
+
+    def run(overrides: str, **grid_options):
+        words = overrides.split()
+        if not any(word.startswith("ground_truth=") for word in words):
+            words.append("ground_truth=true")
+        if not any(word.startswith("out_dir=") for word in words):
+            words.append(f"out_dir={tmp_path / 'run'}")
+        plan = load_run(compose_config(words))
+        grid = local_grid(" ".join(words), plan.settings.num_clients, **grid_options)
+        return run_server(grid, plan), grid
+
+    return run

@@ -5,30 +5,35 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, Metadata, MetricRecord, RecordDict
+from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, Metadata, RecordDict
 
-from client.feddyn import load_correction, store_correction, updated_correction
-from conf import compose_config
-from data.errors import ConfigError
+from client.methods.feddyn import load_correction, store_correction, updated_correction
+from common.errors import ConfigError
+from protocol.feddyn import FedDynOptions
+from protocol.messages import LOSS, Scores, TrainIns, TrainRes, read_instruction, read_options, reply
+from server.config import load_run
+from settings.compose import compose_config
+from strategies.aggregation import coordinate_median
 from strategies.fedavg import FedAvg
-from strategies.feddyn import ALPHA_KEY, FedDyn, feddyn_server_step
+from strategies.feddyn import FedDyn, feddyn_server_step
 from strategies.federation import Federation
 from strategies.fedmedian import FedMedian
 from strategies.fedprox import FedProx
-from strategies.poc import LOSS_QUERY, PowerOfChoice, highest_loss
-from strategies.registry import build_strategy, check_strategy
-from strategies.utils import coordinate_median
+from strategies.poc import PowerOfChoice, highest_loss
+from strategies.registry import build_strategy
+from task.local_training import LocalTraining
 
 pytestmark = pytest.mark.usefixtures("flower_identity")
 
 NODES = {pid: 1000 + 7 * pid for pid in range(6)}
+TRAINING = LocalTraining(lr=0.1)
 
 
 def federation(sizes: dict[int, int] | None = None) -> Federation:
     return Federation(node_of=dict(NODES), num_examples=sizes or dict.fromkeys(NODES, 50))
 
 
-def reply(pid: int, content: RecordDict, message_type: str = "train") -> Message:
+def response(pid: int, content: RecordDict, message_type: str = "train") -> Message:
     metadata = Metadata(run_id=1, message_id="", src_node_id=NODES[pid], dst_node_id=0, reply_to_message_id="",
                         group_id="", created_at=0.0, ttl=60.0, message_type=message_type)
     return Message(content=content, metadata=metadata)
@@ -40,7 +45,7 @@ A, C, ALPHA = np.array([1.0, 3.0]), np.array([1.0, 3.0]), 0.5
 
 
 def exact_local_optimum(k: int, w_global: float, g: float) -> float:
-    """argmin a/2 (w - c)^2 - g w + alpha/2 (w - w_global)^2 = (a c + g + alpha w_global) / (a + alpha)."""
+    """The argmin of a/2 (w - c)^2 - g w + alpha/2 (w - w_global)^2 = (a c + g + alpha w_global) / (a + alpha)."""
     return (A[k] * C[k] + g + ALPHA * w_global) / (A[k] + ALPHA)
 
 
@@ -88,17 +93,17 @@ def test_feddyn_corrects_parameters_and_only_averages_buffers():
 
 
 def test_feddyn_sends_alpha_and_decays_the_learning_rate():
-    strategy = FedDyn(alpha=0.01, lr_decay=0.5, parameter_names=["w"], num_rounds=3, fraction=0.5,
+    strategy = FedDyn(alpha=0.01, lr_decay=0.5, parameter_names=["w"], num_rounds=3, fraction=0.5, train=TRAINING,
                       rng=np.random.default_rng(0))
     strategy.bind(federation())
     arrays = ArrayRecord({"w": Array(np.zeros(2, np.float32))})
     for server_round, lr in ((1, 0.1), (2, 0.05)):
-        messages = list(strategy.configure_train(server_round, arrays, ConfigRecord({"lr": 0.1}), grid=None))
-        config = messages[0].content["config"]
-        assert config[ALPHA_KEY] == 0.01 and config["lr"] == pytest.approx(lr)
-        replies = [reply(strategy.federation.partition_of(m.metadata.dst_node_id),
-                         RecordDict({"arrays": ArrayRecord({"w": Array(np.ones(2, np.float32))}),
-                                     "metrics": MetricRecord({"num-examples": 50, "train_loss": 1.0})}))
+        messages = list(strategy.configure_train(server_round, arrays, ConfigRecord(), grid=None))
+        ins = read_instruction(messages[0].content, TrainIns)
+        assert ins.method == "feddyn" and ins.training.lr == pytest.approx(lr)
+        assert read_options(messages[0].content, "feddyn", FedDynOptions) == FedDynOptions(alpha=0.01)
+        replies = [response(strategy.federation.partition_of(m.metadata.dst_node_id),
+                            reply(TrainRes(50, 1.0, 1), arrays=ArrayRecord({"w": Array(np.ones(2, np.float32))})))
                    for m in messages]
         arrays, _ = strategy.aggregate_train(server_round, replies)
     assert strategy.rounds_done == 2 and "w" in strategy.h
@@ -129,12 +134,11 @@ def test_coordinate_median_on_known_arrays():
 
 
 def test_fedmedian_ignores_an_outlier_client():
-    strategy = FedMedian(num_rounds=1, fraction=0.5, rng=np.random.default_rng(0))
+    strategy = FedMedian(num_rounds=1, fraction=0.5, train=TRAINING, rng=np.random.default_rng(0))
     strategy.bind(federation())
     strategy.messages({pid: RecordDict() for pid in (0, 1, 2)}, "train")
     weights = {0: 1.0, 1: 1.2, 2: 1e6}
-    replies = [reply(pid, RecordDict({"arrays": ArrayRecord({"w": Array(np.full(3, w, np.float32))}),
-                                      "metrics": MetricRecord({"num-examples": 50, "train_loss": 0.1})}))
+    replies = [response(pid, reply(TrainRes(50, 0.1, 1), arrays=ArrayRecord({"w": Array(np.full(3, w, np.float32))})))
                for pid, w in weights.items()]
     arrays, _ = strategy.aggregate_train(1, replies)
     assert np.allclose(arrays["w"].numpy(), 1.2)
@@ -143,12 +147,13 @@ def test_fedmedian_ignores_an_outlier_client():
 # --- FedProx -----------------------------------------------------------------------------------------
 
 def test_fedprox_sends_half_mu_as_the_squared_proximal_weight():
-    strategy = FedProx(mu=1.0, num_rounds=1, fraction=0.5, rng=np.random.default_rng(0))
+    strategy = FedProx(mu=1.0, num_rounds=1, fraction=0.5, train=TRAINING.but(prox_norm="l2"),
+                       rng=np.random.default_rng(0))
     strategy.bind(federation())
-    messages = list(strategy.configure_train(1, ArrayRecord(), ConfigRecord({"lr": 0.01, "prox_weight": 0.0}), None))
+    messages = list(strategy.configure_train(1, ArrayRecord(), ConfigRecord(), None))
     assert len(messages) == 3
-    config = messages[0].content["config"]
-    assert (config["prox_weight"], config["prox_norm"], config["server-round"]) == (0.5, "squared", 1)
+    ins = read_instruction(messages[0].content, TrainIns)
+    assert ins == TrainIns(1, TRAINING.but(prox_weight=0.5, prox_norm="squared"))
 
 
 # --- Power-of-Choice ---------------------------------------------------------------------------------
@@ -164,9 +169,9 @@ class LossGrid:
         answers = []
         for message in messages:
             pid = next(p for p, node in NODES.items() if node == message.metadata.dst_node_id)
-            assert message.metadata.message_type == LOSS_QUERY
+            assert message.metadata.message_type == LOSS
             self.asked.append(pid)
-            answers.append(reply(pid, RecordDict({"metrics": MetricRecord({"loss": self.losses[pid]})}), LOSS_QUERY))
+            answers.append(response(pid, reply(Scores(self.losses[pid], 0.5, 50)), LOSS))
         return answers
 
 
@@ -176,10 +181,10 @@ def test_highest_loss_breaks_ties_by_partition_id():
 
 def test_poc_trains_the_highest_loss_candidates():
     losses = {0: 0.3, 1: 2.5, 2: 0.1, 3: 1.7, 4: 0.9, 5: 3.0}
-    strategy = PowerOfChoice(d=4, timeout=5.0, num_rounds=1, fraction=0.3, rng=np.random.default_rng(3))
+    strategy = PowerOfChoice(d=4, num_rounds=1, fraction=0.3, train=TRAINING, rng=np.random.default_rng(3))
     strategy.bind(federation())
     grid = LossGrid(losses)
-    messages = list(strategy.configure_train(1, ArrayRecord(), ConfigRecord({"lr": 0.01}), grid))
+    messages = list(strategy.configure_train(1, ArrayRecord(), ConfigRecord(), grid))
     trained = sorted(strategy.federation.partition_of(m.metadata.dst_node_id) for m in messages)
     assert len(set(grid.asked)) == 4 and len(trained) == 2
     assert trained == sorted(sorted(grid.asked, key=lambda pid: -losses[pid])[:2])
@@ -188,7 +193,7 @@ def test_poc_trains_the_highest_loss_candidates():
 
 def test_poc_candidates_follow_data_size():
     sizes = {0: 1, 1: 1, 2: 1, 3: 1, 4: 1000, 5: 1000}
-    strategy = PowerOfChoice(d=2, timeout=5.0, num_rounds=1, fraction=0.2, rng=np.random.default_rng(0))
+    strategy = PowerOfChoice(d=2, num_rounds=1, fraction=0.2, train=TRAINING, rng=np.random.default_rng(0))
     strategy.bind(federation(sizes))
     picks = [tuple(strategy.candidates()) for _ in range(50)]
     assert picks.count((4, 5)) >= 45
@@ -196,18 +201,34 @@ def test_poc_candidates_follow_data_size():
 
 # --- config checks -----------------------------------------------------------------------------------
 
+def plan(overrides: list[str]):
+    return load_run(compose_config(overrides))
+
+
+def build(overrides: list[str], parameter_names=("w",)):
+    checked = plan(overrides)
+    return build_strategy(checked.strategy, checked.environment(parameter_names=tuple(parameter_names)),
+                          np.random.default_rng(0))
+
+
 @pytest.mark.parametrize(("overrides", "message"), [
     (["strategy=poc", "strategy.d=5"], r"strategy.d=5 is invalid: allowed is between the clients per round \(10\)"),
     (["strategy=poc", "strategy.d=101"], r"strategy.d=101 is invalid"),
-    (["strategy=feddyn", "strategy.alpha=0"], r"strategy.alpha=0"),
-    (["strategy=feddyn", "strategy.lr_decay=1.5"], r"strategy.lr_decay=1.5"),
-    (["strategy=fedprox", "strategy.mu=-1"], r"strategy.mu=-1"),
+    (["strategy=feddyn", "strategy.alpha=0"], r"strategy.alpha=0 is invalid: allowed is a number > 0"),
+    (["strategy=feddyn", "strategy.lr_decay=1.5"], r"strategy.lr_decay=1.5 is invalid"),
+    (["strategy=fedprox", "strategy.mu=-1"], r"strategy.mu=-1 is invalid"),
+    (["strategy=fedavg", "strategy.num_rounds=0"], r"strategy.num_rounds=0 is invalid: allowed is an integer >= 1"),
+    (["strategy=fedavg", "strategy.train.lr=0"], r"strategy.train.lr=0 is invalid: allowed is a finite number > 0"),
+    (["strategy=fedavg", "+strategy.mu=1"], r"strategy config has unknown keys \['mu'\]"),
     (["strategy.stage3=poc", "strategy.stage3_options.poc.d=3"], r"strategy.stage3_options.poc.d=3 is invalid"),
-    (["strategy.stage3=scaffold"], r"strategy.stage3='scaffold' is unknown: allowed are fedavg, fedprox, feddyn"),
+    (["strategy.stage3=scaffold"], r"strategy.stage3='scaffold' is unknown: allowed are fedavg, feddyn, fedmedian"),
+    (["strategy.ablation.mixup=maybe"], r"strategy.ablation.mixup='maybe' is invalid: allowed is true or false"),
+    (["+strategy.ablation.noise=false"], r"strategy.ablation config has unknown keys \['noise'\]"),
+    (["strategy.frac2=0"], r"strategy.frac2=0 is invalid"),
 ])
 def test_bad_method_options_are_clear_errors(overrides, message):
     with pytest.raises(ConfigError, match=message):
-        check_strategy(compose_config(overrides))
+        plan(overrides)
 
 
 STAGE3_CLASSES = {"fedavg": FedAvg, "fedprox": FedProx, "feddyn": FedDyn, "fedmedian": FedMedian, "poc": PowerOfChoice}
@@ -215,11 +236,10 @@ STAGE3_CLASSES = {"fedavg": FedAvg, "fedprox": FedProx, "feddyn": FedDyn, "fedme
 
 @pytest.mark.parametrize("stage3", sorted(STAGE3_CLASSES))
 def test_fedcorr_builds_each_stage3_on_its_round_log(stage3):
-    cfg = compose_config(["experiment=smoke", f"strategy.stage3={stage3}"])
-    strategy = build_strategy(cfg, np.random.default_rng(0), parameter_names=["w"])
+    strategy = build(["experiment=smoke", f"strategy.stage3={stage3}"])
     assert type(strategy.stage3) is STAGE3_CLASSES[stage3]
     assert strategy.stage3.history is strategy.history and strategy.stage3.stage == "usual"
-    assert strategy.stage3.num_rounds == cfg.strategy.t3
+    assert strategy.stage3.num_rounds == compose_config(["experiment=smoke"]).strategy.t3
 
 
 def test_stage3_gets_its_own_output_folder():
@@ -231,12 +251,27 @@ def test_stage3_gets_its_own_output_folder():
 def test_one_comm_budget_sets_every_methods_rounds():
     budget = ["experiment=smoke", "comm_budget=60"]  # smoke: 10 clients, 3 per round
     for name in ("fedavg", "feddyn", "poc"):
-        strategy = build_strategy(compose_config([*budget, f"strategy={name}"]), np.random.default_rng(0), parameter_names=["w"])
-        assert strategy.num_rounds == 20
+        assert build([*budget, f"strategy={name}"]).num_rounds == 20
     # FedCorr smoke: T1 = 3 iterations x 10 clients + T2 = 5 rounds x 3 = 45; stage 3 gets (60 - 45) // 3.
-    fedcorr = build_strategy(compose_config(budget), np.random.default_rng(0), parameter_names=["w"])
-    assert fedcorr.stage3.num_rounds == 5
+    assert build(budget).stage3.num_rounds == 5
     with pytest.raises(ConfigError, match="comm_budget=40 is too small: FedCorr's stages 1-2 alone spend"):
-        check_strategy(compose_config(["experiment=smoke", "comm_budget=40"]))
-    with pytest.raises(ConfigError, match="comm_budget=2 is too small: one fedavg round spends 3"):
-        check_strategy(compose_config(["experiment=smoke", "strategy=fedavg", "comm_budget=2"]))
+        plan(["experiment=smoke", "comm_budget=40"])
+    with pytest.raises(ConfigError, match="comm_budget=2 is too small: one round spends 3"):
+        plan(["experiment=smoke", "strategy=fedavg", "comm_budget=2"])
+
+
+# --- standalone, in process -------------------------------------------------------------------------
+
+@pytest.mark.parametrize("name", ["fedavg", "fedprox", "feddyn", "fedmedian", "poc"])
+def test_each_round_strategy_runs_standalone_over_the_test_grid(run_inprocess, name):
+    payload, grid = run_inprocess(f"experiment=smoke strategy={name} strategy.num_rounds=3 strategy.train.epochs=1")
+    assert [row["stage"] for row in payload["rounds"]] == [name] * 3
+    assert [row["comm_cost"] for row in payload["rounds"]] == [3, 6, 9]
+    assert payload["complete"] and payload["summary"]["best_acc"] > 0.1
+    trained = {pid for row in payload["rounds"] for pid in row["clients"]}
+    with_state = {pid for pid in range(10) if "feddyn-correction" in grid.context_of(pid).state.array_records}
+    assert with_state == (trained if name == "feddyn" else set()), "only FedDyn keeps a correction, where trained"
+    assert ("poc" in payload) == (name == "poc")
+    if name == "poc":
+        assert payload["poc"] == {"d": 6, "loss_queries": 3 * 6}
+        assert grid.delivered_types().count("query.loss") == 3 * 6

@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 from omegaconf import OmegaConf
 
-from conf import compose_config
-from data.errors import ConfigError
+from common.errors import ConfigError
+from settings.compose import compose_config
 
 BENCH = Path(__file__).parents[1] / "bench"
 
@@ -41,7 +41,8 @@ def write_results(out_dir: Path, config: dict, complete: bool = True) -> Path:
 @pytest.fixture
 def planned(tmp_path: Path) -> tuple[list[str], dict]:
     overrides = ["experiment=smoke", "strategy=fedavg", f"out_dir={tmp_path / 'fedavg'}"]
-    return overrides, OmegaConf.to_container(compose_config(overrides), resolve=True)
+    # A simulation has its scene's ground truth, so its results.json config says so (sim.py).
+    return overrides, OmegaConf.to_container(compose_config([*overrides, "ground_truth=true"]), resolve=True)
 
 
 def test_reuse_returns_a_finished_run_with_the_same_config_without_running(planned, tmp_path):

@@ -5,9 +5,13 @@ import pytest
 from flwr.app import ConfigRecord, Context, RecordDict
 
 from client import app as client_app
+from common.errors import ConfigError
+from protocol.codec import ProtocolError
+from protocol.feddyn import FedDynOptions
+from protocol.messages import METRICS, NodeInfo, Scores, TrainIns, TrainRes, instruction, read_reply
+from task.local_training import LocalTraining
 
-TRAIN = {"lr": 0.05, "momentum": 0.5, "weight_decay": 0.0, "epochs": 1, "batch_size": 16,
-         "mixup_alpha": 0.0, "prox_weight": 0.0, "prox_norm": "squared"}
+TRAINING = LocalTraining(lr=0.05, epochs=1, batch_size=16)
 
 
 @pytest.fixture(scope="module")
@@ -17,50 +21,65 @@ def run(prepared_run):
 
 def test_info_reports_partition_and_size(run, incoming, node_context):
     overrides, scene, _ = run
-    reply = client_app.info(incoming(RecordDict(), "query.info"), node_context(overrides, 4))
-    assert reply.content["info"]["partition-id"] == 4
-    assert reply.content["info"]["num-examples"] == scene.client_sizes()[4]
+    reply = client_app.info(incoming(instruction(), "query.info"), node_context(overrides, 4))
+    assert read_reply(reply.content, NodeInfo, "node") == NodeInfo(4, int(scene.client_sizes()[4]))
 
 
-def test_train_returns_new_arrays_and_metrics(run, incoming, node_context):
+def test_train_returns_new_arrays_and_stats(run, incoming, node_context):
     overrides, scene, arrays = run
-    content = RecordDict({"arrays": arrays, "config": ConfigRecord({**TRAIN, "server-round": 1})})
+    content = instruction(TrainIns(1, TRAINING), arrays=arrays)
     reply = client_app.train(incoming(content, "train"), node_context(overrides, 2))
-    metrics = reply.content["metrics"]
-    assert metrics["num-examples"] == scene.client_sizes()[2] and metrics["steps"] > 0
+    stats = read_reply(reply.content, TrainRes, "client 2")
+    assert stats.num_examples == scene.client_sizes()[2] and stats.steps > 0
     before, after = arrays.to_torch_state_dict(), reply.content["arrays"].to_torch_state_dict()
     assert before.keys() == after.keys()
     assert any(not np.allclose(before[k].numpy(), after[k].numpy()) for k in before)
     again = client_app.train(incoming(content, "train"), node_context(overrides, 2))
-    assert all(np.array_equal(after[k].numpy(), v.numpy()) for k, v in again.content["arrays"].to_torch_state_dict().items()), \
+    again_state = again.content["arrays"].to_torch_state_dict()
+    assert all(np.array_equal(after[k].numpy(), v.numpy()) for k, v in again_state.items()), \
         "same round, same client: same update"
 
 
 def test_evaluate_scores_the_local_set(run, incoming, node_context):
     overrides, _, arrays = run
-    reply = client_app.evaluate(incoming(RecordDict({"arrays": arrays}), "evaluate"), node_context(overrides, 0))
-    metrics = reply.content["metrics"]
-    assert 0.0 <= metrics["accuracy"] <= 1.0 and metrics["loss"] > 0
+    reply = client_app.evaluate(incoming(instruction(arrays=arrays), "evaluate"), node_context(overrides, 0))
+    scores = read_reply(reply.content, Scores, "client 0")
+    assert 0.0 <= scores.accuracy <= 1.0 and scores.loss > 0
 
 
-def test_bad_train_config_is_a_clear_error(run, incoming, node_context):
+def test_a_bad_train_instruction_names_the_sender_and_the_key(run, incoming, node_context):
     overrides, _, arrays = run
-    content = RecordDict({"arrays": arrays, "config": ConfigRecord({**TRAIN, "lr": -1.0, "server-round": 1})})
-    with pytest.raises(ValueError, match="lr=-1.0 is invalid"):
+    config = {"server-round": 1, "lr": -1.0, "momentum": 0.5, "weight-decay": 0.0, "epochs": 1, "batch-size": 16,
+              "mixup-alpha": 0.0, "prox-weight": 0.0, "prox-norm": "squared", "method": ""}
+    content = RecordDict({"arrays": arrays, "config": ConfigRecord(config)})
+    with pytest.raises(ProtocolError,
+                       match="the server sent a bad message: key 'lr' is invalid: allowed is a finite number > 0"):
+        client_app.train(incoming(content, "train"), node_context(overrides, 0))
+    del config["epochs"]
+    content = RecordDict({"arrays": arrays, "config": ConfigRecord({**config, "lr": 0.1})})
+    with pytest.raises(ProtocolError, match="key 'epochs' is missing"):
+        client_app.train(incoming(content, "train"), node_context(overrides, 0))
+
+
+def test_an_unknown_client_method_is_named(run, incoming, node_context):
+    overrides, _, arrays = run
+    content = instruction(TrainIns(1, TRAINING, method="fedmagic"), arrays=arrays)
+    with pytest.raises(ValueError, match="client method 'fedmagic'; this node knows '', 'fedcorr', 'feddyn'"):
         client_app.train(incoming(content, "train"), node_context(overrides, 0))
 
 
 def test_a_node_without_partition_is_a_clear_error(run, incoming, node_context):
     overrides, _, _ = run
     bare = Context(run_id=1, node_id=77, node_config={}, state=RecordDict(), run_config={"overrides": overrides})
-    with pytest.raises(ValueError, match="partition-id"):
-        client_app.info(incoming(RecordDict(), "query.info"), bare)
+    with pytest.raises(ConfigError, match="partition-id"):
+        client_app.info(incoming(instruction(), "query.info"), bare)
 
 
 def test_feddyn_train_keeps_its_correction_as_client_state(run, incoming, node_context):
     overrides, _, arrays = run
     context = node_context(overrides, 1)
-    content = RecordDict({"arrays": arrays, "config": ConfigRecord({**TRAIN, "server-round": 1, "feddyn-alpha": 0.1})})
+    content = instruction(TrainIns(1, TRAINING, method="feddyn"), arrays=arrays, options=FedDynOptions(alpha=0.1),
+                          method="feddyn")
     local = client_app.train(incoming(content, "train"), context).content["arrays"].to_torch_state_dict()
     start = arrays.to_torch_state_dict()
     stored = context.state.array_records["feddyn-correction"]
@@ -68,16 +87,21 @@ def test_feddyn_train_keeps_its_correction_as_client_state(run, incoming, node_c
                                     and "running" not in name)
     for name in stored:
         # First round: g = 0 - alpha * (w_local - w_global).
-        np.testing.assert_allclose(stored[name].numpy(), -0.1 * (local[name] - start[name]).numpy(), rtol=1e-5, atol=1e-7)
+        np.testing.assert_allclose(stored[name].numpy(), -0.1 * (local[name] - start[name]).numpy(),
+                                   rtol=1e-5, atol=1e-7)
     # A second round starts from the stored g: its update differs from a client without the state.
     again = client_app.train(incoming(content, "train"), context).content["arrays"].to_torch_state_dict()
-    fresh = client_app.train(incoming(content, "train"), node_context(overrides, 1)).content["arrays"].to_torch_state_dict()
+    fresh_reply = client_app.train(incoming(content, "train"), node_context(overrides, 1))
+    fresh = fresh_reply.content["arrays"].to_torch_state_dict()
     assert any(not np.allclose(again[k].numpy(), fresh[k].numpy()) for k in stored)
 
 
 def test_loss_query_reports_the_global_models_local_loss(run, incoming, node_context):
     overrides, _, arrays = run
-    message = RecordDict({"arrays": arrays})
-    loss = client_app.loss(incoming(message, "query.loss"), node_context(overrides, 3)).content["metrics"]
-    scores = client_app.evaluate(incoming(message, "evaluate"), node_context(overrides, 3)).content["metrics"]
-    assert loss["loss"] == scores["loss"] > 0 and loss["num-examples"] == scores["num-examples"]
+    message = instruction(arrays=arrays)
+    loss = read_reply(client_app.loss(incoming(message, "query.loss"), node_context(overrides, 3)).content,
+                      Scores, "c")
+    scores = read_reply(client_app.evaluate(incoming(message, "evaluate"), node_context(overrides, 3)).content,
+                        Scores, "c")
+    assert loss == scores and loss.loss > 0
+    assert set(client_app.loss(incoming(message, "query.loss"), node_context(overrides, 3)).content) == {METRICS}

@@ -1,8 +1,8 @@
 import pytest
 
-from conf import compose_config, group_options
-from data.errors import ConfigError
-from data.scene import scene_spec
+from common.errors import ConfigError
+from settings.compose import compose_config, group_options
+from settings.run import run_settings
 
 
 def test_defaults_are_the_fedcorr_fashion_mnist_scene():
@@ -16,8 +16,8 @@ def test_defaults_are_the_fedcorr_fashion_mnist_scene():
 def test_every_preset_of_a_group_is_valid(group):
     for option in group_options(group):
         dataset = "clothing1m" if option == "none" else "digits"
-        spec = scene_spec(compose_config([f"{group}={option}", f"dataset={dataset}"]))
-        assert spec[group]["name"] == option
+        spec = run_settings(compose_config([f"{group}={option}", f"dataset={dataset}"])).scene
+        assert getattr(spec, group).name == option
 
 
 def test_the_default_out_dir_changes_with_every_scene_setting():
@@ -31,7 +31,8 @@ def test_the_default_out_dir_changes_with_every_scene_setting():
 @pytest.mark.parametrize(
     "override,message",
     [
-        ("dataset=mnist", r"dataset='mnist' is unknown: allowed are cifar10, cifar100, clothing1m, digits, fashion_mnist"),
+        ("dataset=mnist",
+         r"dataset='mnist' is unknown: allowed are cifar10, cifar100, clothing1m, digits, fashion_mnist"),
         ("noise=label_swap", r"noise='label_swap' is unknown"),
         ("noise.bogus=1", r"Could not override 'noise.bogus'"),
         ("seed", r"bad override"),
@@ -45,16 +46,35 @@ def test_bad_overrides_are_one_clear_error(override, message):
 @pytest.mark.parametrize("experiment", group_options("experiment"))
 @pytest.mark.parametrize("strategy", group_options("strategy"))
 def test_every_experiment_preset_is_valid_for_every_strategy(experiment, strategy):
-    from server.checks import check_run_config
+    from server.config import load_run
 
-    check_run_config(compose_config([f"experiment={experiment}", f"strategy={strategy}"]))
+    load_run(compose_config([f"experiment={experiment}", f"strategy={strategy}"]))
 
 
 def test_paper_presets_carry_table_7():
     cfg = compose_config(["experiment=cifar10", "strategy=fedcorr"])
     s = cfg.strategy
     assert (s.t1, s.t2, s.t3, s.theta, s.pi, s.train.lr, s.frac2) == (5, 500, 450, 0.5, 0.5, 0.03, 0.1)
-    assert (cfg.num_clients, cfg.model.name, s.beta, s.lid_k, s.mixup_alpha, s.kappa) == (100, "resnet18", 5.0, 20, 1.0, 0.1)
+    assert (cfg.num_clients, cfg.model.name, s.beta, s.lid_k, s.mixup_alpha, s.kappa) == \
+        (100, "resnet18", 5.0, 20, 1.0, 0.1)
     c1m = compose_config(["experiment=clothing1m", "strategy=fedcorr"])
     assert (c1m.num_clients, c1m.strategy.frac2, c1m.strategy.theta, c1m.strategy.pi, c1m.noise.name) == (
         500, 0.02, 0.9, 0.8, "none")
+
+
+def test_paper_presets_carry_appendix_b_for_the_baselines():
+    """The round-based strategies share each experiment's schedule; presets add only what differs."""
+    def strategy(*overrides):
+        return compose_config(list(overrides)).strategy
+
+    for name in ("fedavg", "fedprox", "feddyn", "fedmedian", "poc"):
+        assert (strategy("experiment=cifar10", f"strategy={name}").num_rounds,
+                strategy("experiment=fmnist", f"strategy={name}").num_rounds,
+                strategy(f"strategy={name}").num_rounds) == (1000, 100, 50)
+        c1m = strategy("experiment=clothing1m", f"strategy={name}")
+        assert (c1m.num_rounds, c1m.fraction) == (200, 0.02)
+    lrs = {name: strategy("experiment=cifar10", f"strategy={name}").train.lr
+           for name in ("fedavg", "fedprox", "feddyn", "fedmedian", "poc")}
+    assert lrs == {"fedavg": 0.03, "fedprox": 0.01, "feddyn": 0.1, "fedmedian": 0.01, "poc": 0.01}
+    assert strategy("experiment=clothing1m", "strategy=fedprox").train.lr == 0.003
+    assert strategy("experiment=smoke", "strategy=poc").d == 6 and strategy("strategy=poc").d == 30

@@ -8,8 +8,8 @@ from collections.abc import Callable
 import numpy as np
 import pytest
 
-from client.correction import loss_split, stage1_relabel, stage2_relabel
-from data.errors import ConfigError
+from common.errors import ConfigError
+from task.correction import loss_split, stage1_relabel, stage2_relabel
 
 CLASSES = 10
 

@@ -29,7 +29,8 @@ REPO = Path(__file__).resolve().parents[1]
 DEPLOY = REPO / "deploy"
 MARKER = "FEDCORR_FEDERATION"  # local_federation.sh marks every process it starts with this variable
 
-pytestmark = pytest.mark.skipif(not Path("/proc").is_dir(), reason="process checks read /proc (Linux)")
+pytestmark = [pytest.mark.e2e,
+              pytest.mark.skipif(not Path("/proc").is_dir(), reason="process checks read /proc (Linux)")]
 
 
 def _running(pid: int) -> bool:
@@ -179,7 +180,8 @@ def test_node_keys_are_p384_openssh_pairs_as_flower_reads_them(tmp_path):
 @pytest.mark.parametrize(("script", "args", "message"), [
     ("superlink.sh", [], "--certs DIR is required"),
     ("supernode.sh", ["--superlink", "localhost:8000", "--insecure"], "give --data-path FILE"),
-    ("supernode.sh", ["--superlink", "localhost", "--insecure", "--partition-id", "0"], "is invalid: allowed is HOST:PORT"),
+    ("supernode.sh", ["--superlink", "localhost", "--insecure", "--partition-id", "0"],
+     "is invalid: allowed is HOST:PORT"),
     ("run.sh", ["--superlink", "localhost:8000", "--insecure", "--out", "relative/dir"], "is not absolute"),
     ("local_federation.sh", ["--", "num_clients=5"], "num_clients is 3"),
 ])
@@ -227,6 +229,9 @@ def test_fedcorr_smoke_runs_over_tls_with_authenticated_supernodes_and_local_dat
         assert [len(row["clients"]) for row in payload["rounds"]] == [1, 1, 1, 2, 2]
         assert sorted(client for row in payload["rounds"][:3] for client in row["clients"]) == [0, 1, 2]
         assert payload["config"]["num_clients"] == 3 and payload["summary"]["best_acc"] > 0.3
+        # A deployed server has no ground truth unless the run says so: no label-noise figure it cannot know.
+        assert payload["config"]["ground_truth"] is False
+        assert {"detection", "label_noise", "relabel_precision"}.isdisjoint(payload["fedcorr"])
         assert sorted(path.name for path in (federation.out / "clients").iterdir()) == [
             "client_0.npz", "client_1.npz", "client_2.npz"]
         superlink_log = (federation.work / "logs" / "superlink.log").read_text()

@@ -5,8 +5,9 @@ import json
 import math
 
 import pytest
-
 from commands import sim
+
+pytestmark = pytest.mark.e2e
 
 
 @pytest.fixture(scope="module")
@@ -60,5 +61,6 @@ def test_detection_and_correction_work(fedcorr_run):
     assert "[fedcorr] stage 1 iteration 1" in stdout
     rows = list(csv.DictReader(open(out / "fedcorr_clients.csv")))
     assert len(rows) == payload["config"]["num_clients"]
-    assert {"client", "cumulative_lid", "detected_noisy", "mu_hat", "true_noise_before", "true_noise_after"} <= set(rows[0])
+    assert {"client", "cumulative_lid", "detected_noisy", "mu_hat", "true_noise_before",
+            "true_noise_after"} <= set(rows[0])
     assert payload["summary"]["best_acc"] > 0.5

@@ -5,13 +5,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from client import lid
-from client.lid import lid_mle, lid_score
-from data.errors import ConfigError
+from common.errors import ConfigError
+from task import lid
+from task.lid import lid_mle, lid_score
 
 
 def _uniform_in_r10(dim: int, n: int, seed: int) -> np.ndarray:
-    """n points uniform in a unit ``dim``-cube, rotated at random into R^10."""
+    """``n`` points uniform in a unit ``dim``-cube, rotated at random into R^10."""
     rng = np.random.default_rng(seed)
     points = np.zeros((n, 10))
     points[:, :dim] = rng.random((n, dim))

@@ -10,15 +10,16 @@ import torch
 from flwr.app import Context, RecordDict
 
 from client.node import load_node
-from conf import compose_config
-from data.errors import ConfigError, SceneError
+from common.atomic_files import read_npz, write_npz
+from common.errors import ConfigError, SceneError
 from data.client_data import IndexedImages
 from data.export import export_clients
-from data.export import main as export_main
 from data.local_file import read_local_file, write_local_file
-from data.npz import read_npz, write_npz
-from data.scene import SCENE_FILE, prepare_scene
+from data.scene import SCENE_FILE, DatasetSource, prepare_scene
 from data.sources.base import Split
+from export import main as export_main
+from settings.compose import compose_config
+from settings.run import run_settings
 
 REPO = Path(__file__).resolve().parents[1]
 CLASSES = ("a", "b", "c")
@@ -145,11 +146,18 @@ def test_every_corrupt_file_is_a_scene_error_naming_the_file(tmp_path, corrupt, 
     assert "client_4.npz" in str(err.value)
 
 
+def prepare(overrides: list[str]):
+    """``prepare_scene`` for these overrides, as ``export.py`` calls it."""
+    settings = run_settings(compose_config(overrides))
+    return prepare_scene(settings.scene, settings.out_dir)
+
+
 def run_export(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "data.export", *args], cwd=REPO, capture_output=True,
+    return subprocess.run([sys.executable, "export.py", *args], cwd=REPO, capture_output=True,
                           text=True, timeout=120)
 
 
+@pytest.mark.e2e
 def test_export_command_writes_one_file_per_client_with_the_scene_labels(tmp_path):
     out = tmp_path / "run"
     result = run_export("dataset=digits", "num_clients=5", f"out_dir={out}")
@@ -157,7 +165,7 @@ def test_export_command_writes_one_file_per_client_with_the_scene_labels(tmp_pat
     files = sorted((out / "clients").iterdir())
     assert [f.name for f in files] == [f"client_{k}.npz" for k in range(5)]
     assert len(result.stdout.strip().splitlines()) == 6 and "total: 5 client files" in result.stdout
-    scene, dataset, reused = prepare_scene(compose_config(["dataset=digits", "num_clients=5", f"out_dir={out}"]))
+    scene, dataset, reused = prepare(["dataset=digits", "num_clients=5", f"out_dir={out}"])
     assert reused
     sizes = []
     for k, path in enumerate(files):
@@ -180,12 +188,13 @@ def test_export_command_writes_one_file_per_client_with_the_scene_labels(tmp_pat
 
 
 def test_export_file_names_are_padded_to_sort(tmp_path, digits):
-    scene, dataset, _ = prepare_scene(compose_config(["dataset=digits", "num_clients=11", f"out_dir={tmp_path}"]))
+    scene, dataset, _ = prepare(["dataset=digits", "num_clients=11", f"out_dir={tmp_path}"])
     paths = export_clients(scene, dataset, tmp_path / "clients", true_labels=False)
     assert [p.name for p in paths] == [f"client_{k:02d}.npz" for k in range(11)]
     assert [p.name for p in paths] == sorted(p.name for p in paths)
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("bad, message", [
     ("noise.rho=1.5", "rho"),
     ("export.true_labels=maybe", "export.true_labels"),
@@ -201,7 +210,7 @@ def test_export_bad_override_exits_2_and_writes_nothing(tmp_path, bad, message):
 def test_export_refuses_lazy_images_before_writing_the_scene(tmp_path, monkeypatch, capsys, digits):
     lazy = Split(IndexedImages(digits.train.images, np.arange(len(digits.train))), digits.train.labels,
                  digits.train.true_labels)
-    monkeypatch.setattr("data.export.load_configured_dataset", lambda cfg: replace(digits, train=lazy))
+    monkeypatch.setattr(DatasetSource, "load", lambda source: replace(digits, train=lazy))
     assert export_main(["dataset=digits", "num_clients=5", f"out_dir={tmp_path / 'run'}"]) == 2
     assert "own image folder" in capsys.readouterr().err
     assert not (tmp_path / "run").exists()
@@ -217,7 +226,7 @@ def exported(tmp_path_factory):
     """Client files of a digits scene, written by export_clients (the scene itself is then removed,
     as a deployed node never has it)."""
     out = tmp_path_factory.mktemp("deploy")
-    scene, dataset, _ = prepare_scene(compose_config(["dataset=digits", "num_clients=5", f"out_dir={out}"]))
+    scene, dataset, _ = prepare(["dataset=digits", "num_clients=5", f"out_dir={out}"])
     paths = export_clients(scene, dataset, out / "clients", true_labels=False)
     (out / SCENE_FILE).unlink()
     return out, paths, scene

@@ -6,7 +6,7 @@ import pytest
 import torch
 import torchvision
 
-from data.errors import ConfigError
+from common.errors import ConfigError
 from models import MODEL_NAMES, build_model, check_model_name
 
 NUM_CLASSES = 7  # not 10, so a hard-coded CIFAR head would show

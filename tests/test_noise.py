@@ -1,7 +1,7 @@
 import numpy as np
 import pytest
 
-from data.errors import ConfigError
+from common.errors import ConfigError
 from data.noise import NOISE_MODELS, add_noise
 
 M = 10

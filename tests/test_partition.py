@@ -1,7 +1,7 @@
 import numpy as np
 import pytest
 
-from data.errors import ConfigError
+from common.errors import ConfigError
 from data.partition import PARTITIONERS, partition
 
 NUM_CLASSES = 10
@@ -121,7 +121,8 @@ def test_shards_give_few_classes_and_equal_sizes():
 @pytest.mark.parametrize(
     "name,params,message",
     [
-        ("fedcorr_noniid", {"p": 0.0, "alpha": 1.0}, r"partition.p=0.0 is invalid: allowed is a number > 0.0 and <= 1.0"),
+        ("fedcorr_noniid", {"p": 0.0, "alpha": 1.0},
+         r"partition.p=0.0 is invalid: allowed is a number > 0.0 and <= 1.0"),
         ("fedcorr_noniid", {"p": 1.5, "alpha": 1.0}, r"partition.p=1.5"),
         ("fedcorr_noniid", {"p": 0.5, "alpha": 0}, r"partition.alpha=0 is invalid"),
         ("dirichlet", {"alpha": -1.0, "min_size": 1}, r"partition.alpha=-1.0"),

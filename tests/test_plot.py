@@ -6,7 +6,7 @@ import matplotlib.image
 import numpy as np
 import pytest
 
-from data.errors import ConfigError
+from common.errors import ConfigError
 from data.plot import class_counts, partition_figure, plot_partition
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"

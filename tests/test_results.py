@@ -34,7 +34,8 @@ def test_results_are_valid_after_every_round_and_complete_at_the_end(tmp_path):
 
 
 def test_summary_uses_evaluated_rounds_only():
-    rounds = [{"test_acc": a, "comm_cost": c} for a, c in [(0.1, 1), (None, 2)] + [(0.1 * i, i + 2) for i in range(1, 12)]]
+    rounds = [{"test_acc": a, "comm_cost": c}
+              for a, c in [(0.1, 1), (None, 2)] + [(0.1 * i, i + 2) for i in range(1, 12)]]
     summary = summarise(rounds, wall_s=12.3456)
     assert summary["best_acc"] == pytest.approx(1.1) and summary["final_acc"] == pytest.approx(1.1)
     assert summary["last10_mean_acc"] == pytest.approx(sum(0.1 * i for i in range(2, 12)) / 10)

@@ -5,11 +5,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from conf import compose_config
+from common.atomic_files import write_npz
+from common.errors import ConfigError, SceneError
 from data.client_data import client_data
-from data.errors import ConfigError, SceneError
-from data.npz import write_npz
-from data.scene import SCENE_FILE, Scene, prepare_scene
+from data.scene import SCENE_FILE, DatasetSource, Scene, SceneSpec, prepare_scene
+from settings.compose import compose_config
+from settings.run import run_settings
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -18,23 +19,29 @@ def cfg_for(out_dir: Path, *extra: str):
     return compose_config(["dataset=digits", "num_clients=10", f"out_dir={out_dir}", *extra])
 
 
+def prepare(cfg):
+    """``prepare_scene`` for a composed config, as ``scene.py`` and ``sim.py`` call it."""
+    settings = run_settings(cfg)
+    return prepare_scene(settings.scene, settings.out_dir)
+
+
 def run_cli(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-m", "data.scene", *args], cwd=REPO, capture_output=True, text=True, timeout=120
+        [sys.executable, "scene.py", *args], cwd=REPO, capture_output=True, text=True, timeout=120
     )
 
 
 def test_same_spec_and_seed_give_a_byte_identical_file(tmp_path):
-    prepare_scene(cfg_for(tmp_path / "a"))
-    prepare_scene(cfg_for(tmp_path / "b"))
+    prepare(cfg_for(tmp_path / "a"))
+    prepare(cfg_for(tmp_path / "b"))
     first = (tmp_path / "a" / SCENE_FILE).read_bytes()
     assert first == (tmp_path / "b" / SCENE_FILE).read_bytes()
-    prepare_scene(cfg_for(tmp_path / "c", "seed=2"))
+    prepare(cfg_for(tmp_path / "c", "seed=2"))
     assert first != (tmp_path / "c" / SCENE_FILE).read_bytes()
 
 
 def test_scene_contents_are_consistent(tmp_path, digits):
-    scene, dataset, reused = prepare_scene(cfg_for(tmp_path, "noise.rho=0.5", "noise.tau=0.3"))
+    scene, dataset, reused = prepare(cfg_for(tmp_path, "noise.rho=0.5", "noise.tau=0.3"))
     assert not reused
     assert np.array_equal(np.sort(scene.indices), np.arange(len(dataset.train))), "disjoint and complete"
     assert np.array_equal(scene.true_labels, dataset.train.labels[scene.indices])
@@ -46,26 +53,26 @@ def test_scene_contents_are_consistent(tmp_path, digits):
 
 
 def test_changing_the_noise_keeps_the_partition(tmp_path):
-    a, _, _ = prepare_scene(cfg_for(tmp_path / "a", "noise.rho=0.2"))
-    b, _, _ = prepare_scene(cfg_for(tmp_path / "b", "noise.rho=0.9"))
+    a, _, _ = prepare(cfg_for(tmp_path / "a", "noise.rho=0.2"))
+    b, _, _ = prepare(cfg_for(tmp_path / "b", "noise.rho=0.9"))
     assert np.array_equal(a.indices, b.indices) and np.array_equal(a.client, b.client)
     assert not np.array_equal(a.noisy_labels, b.noisy_labels)
 
 
 def test_the_dataset_including_its_test_split_is_never_touched(tmp_path, digits):
     train_before, test_before = digits.train.labels.copy(), digits.test.labels.copy()
-    scene, dataset, _ = prepare_scene(cfg_for(tmp_path, "noise=symmetric", "noise.eps=0.5"))
+    scene, dataset, _ = prepare(cfg_for(tmp_path, "noise=symmetric", "noise.eps=0.5"))
     assert np.array_equal(dataset.train.labels, train_before)
     assert np.array_equal(dataset.test.labels, test_before)
     assert scene.indices.max() < len(dataset.train), "scene indexes the train split only"
 
 
 def test_an_existing_scene_is_reused_only_for_the_same_spec(tmp_path):
-    prepare_scene(cfg_for(tmp_path))
-    _, _, reused = prepare_scene(cfg_for(tmp_path))
+    prepare(cfg_for(tmp_path))
+    _, _, reused = prepare(cfg_for(tmp_path))
     assert reused
     with pytest.raises(SceneError, match=r"different config \(noise.rho: 0.6 -> 0.8\)"):
-        prepare_scene(cfg_for(tmp_path, "noise.rho=0.8"))
+        prepare(cfg_for(tmp_path, "noise.rho=0.8"))
 
 
 @pytest.mark.parametrize(
@@ -78,7 +85,7 @@ def test_an_existing_scene_is_reused_only_for_the_same_spec(tmp_path):
     ids=["truncated", "garbage", "flipped-byte"],
 )
 def test_a_corrupt_scene_file_is_a_clear_error(tmp_path, damage):
-    prepare_scene(cfg_for(tmp_path))
+    prepare(cfg_for(tmp_path))
     path = tmp_path / SCENE_FILE
     path.write_bytes(damage(path.read_bytes()))
     with pytest.raises(SceneError, match="is corrupt"):
@@ -87,15 +94,16 @@ def test_a_corrupt_scene_file_is_a_clear_error(tmp_path, damage):
 
 @pytest.mark.parametrize("spec", ['{"format": 99}', "[1, 2]", "{not json"])
 def test_a_scene_with_a_bad_spec_is_corrupt(tmp_path, spec):
-    scene, _, _ = prepare_scene(cfg_for(tmp_path))
-    arrays = {name: getattr(scene, name) for name in ("indices", "client", "noisy_labels", "true_labels", "noise_level")}
+    scene, _, _ = prepare(cfg_for(tmp_path))
+    arrays = {name: getattr(scene, name)
+              for name in ("indices", "client", "noisy_labels", "true_labels", "noise_level")}
     write_npz(tmp_path / "bad.npz", {**arrays, "spec": np.array(spec)})
     with pytest.raises(SceneError, match="is corrupt"):
         Scene.load(tmp_path / "bad.npz")
 
 
 def test_a_scene_missing_an_array_is_corrupt(tmp_path):
-    scene, _, _ = prepare_scene(cfg_for(tmp_path))
+    scene, _, _ = prepare(cfg_for(tmp_path))
     arrays = {name: getattr(scene, name) for name in ("indices", "client", "noisy_labels", "noise_level")}
     np.savez(tmp_path / "partial.npz", **arrays)
     with pytest.raises(SceneError, match=r"is corrupt \(missing arrays \['true_labels', 'spec'\]\)"):
@@ -103,7 +111,7 @@ def test_a_scene_missing_an_array_is_corrupt(tmp_path):
 
 
 def test_client_slice_matches_the_scene(tmp_path, digits):
-    scene, dataset, _ = prepare_scene(cfg_for(tmp_path))
+    scene, dataset, _ = prepare(cfg_for(tmp_path))
     for k in (0, 9):
         local = client_data(scene, dataset, k)
         assert len(local) == scene.client_sizes()[k]
@@ -130,17 +138,19 @@ def test_client_slice_matches_the_scene(tmp_path, digits):
 def test_bad_input_fails_before_writing_anything(tmp_path, override, message):
     out = tmp_path / "never"
     with pytest.raises(ConfigError, match=message):
-        prepare_scene(compose_config(["dataset=digits", "num_clients=10", f"out_dir={out}", *override.split()]))
+        prepare(compose_config(["dataset=digits", "num_clients=10", f"out_dir={out}", *override.split()]))
     assert not out.exists()
 
 
 def test_clothing1m_refuses_synthetic_noise():
-    from data.scene import scene_spec
-
     with pytest.raises(ConfigError, match="use noise=none"):
-        scene_spec(compose_config(["dataset=clothing1m"]))
+        run_settings(compose_config(["dataset=clothing1m"]))
+    source = DatasetSource("clothing1m", num_classes=14)
+    with pytest.raises(ConfigError, match="use noise=none"):
+        SceneSpec.build(source, 10, 1, {"name": "iid"}, {"name": "symmetric", "eps": 0.2})
 
 
+@pytest.mark.e2e
 def test_cli_contract_writes_reuses_refuses_and_plots(tmp_path):
     out = tmp_path / "scene"
     args = ["dataset=digits", "num_clients=10", "partition=iid", "noise=fedcorr", "noise.rho=0.6",

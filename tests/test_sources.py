@@ -13,9 +13,8 @@ import pytest
 import torchvision
 from PIL import Image
 
-from data.errors import ConfigError, DatasetNotFoundError
-from data.sources import DATASET_NAMES, ImageArray, check_dataset_name, load_dataset
-from data.sources import fashion_mnist
+from common.errors import ConfigError, DatasetNotFoundError
+from data.sources import DATASET_NAMES, ImageArray, check_dataset_name, fashion_mnist, load_dataset
 
 REAL_FASHION_MNIST = Path("/usr/share/datasets/fashion-mnist")
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from dataclasses import asdict
 
 import numpy as np
 import pytest
@@ -10,15 +11,17 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from client.evaluation import evaluate, loss_and_proba, predict_proba
-from client.training import TrainConfig, train_local
+from common.errors import ConfigError
+from common.validation import settings_from_mapping
 from data.client_data import IndexedImages
-from data.errors import ConfigError
 from data.transforms import BatchTransform, TransformSpec
 from models import build_model
+from task.evaluation import evaluate, loss_and_proba, predict_proba
+from task.local_training import LocalTraining, TrainStats
+from task.training import train_local
 
 N_TRAIN = 300
-FAST = TrainConfig(lr=0.05, epochs=3)
+FAST = LocalTraining(lr=0.05, epochs=3)
 # mean 0 and std 1/255 make the normalised input the raw pixel value, for hand-checkable cases.
 RAW = ((0.0,), (1 / 255,))
 
@@ -65,7 +68,7 @@ def _pixel_model() -> nn.Module:
     return model
 
 
-def _train(local, cfg: TrainConfig = FAST, seed: int = 0, **kwargs) -> tuple[nn.Module, dict]:
+def _train(local, cfg: LocalTraining = FAST, seed: int = 0, **kwargs) -> tuple[nn.Module, TrainStats]:
     (images, labels), _, train_tf, _ = local
     model = _model()
     metrics = train_local(model, images, labels, train_tf, cfg, generator=_gen(seed), **kwargs)
@@ -78,26 +81,26 @@ def test_training_lowers_test_loss_and_raises_accuracy(local) -> None:
     before = evaluate(model, test_x, test_y, eval_tf)
     metrics = train_local(model, images, labels, train_tf, FAST, generator=_gen(0))
     after = evaluate(model, test_x, test_y, eval_tf)
-    assert before["accuracy"] < 0.3 and after["accuracy"] > 0.7
-    assert after["loss"] < 0.5 * before["loss"]
-    assert metrics["train_loss"] < before["loss"]
-    assert metrics["num-examples"] == N_TRAIN
-    assert metrics["steps"] == FAST.epochs * math.ceil(N_TRAIN / FAST.batch_size)
+    assert before.accuracy < 0.3 and after.accuracy > 0.7
+    assert after.loss < 0.5 * before.loss
+    assert metrics.train_loss < before.loss
+    assert metrics.num_examples == N_TRAIN
+    assert metrics.steps == FAST.epochs * math.ceil(N_TRAIN / FAST.batch_size)
     assert model.training  # the mode it came in
 
 
 def test_last_partial_batch_is_kept_and_a_single_image_batch_skipped_only_with_batchnorm(local) -> None:
     (images, labels), _, train_tf, _ = local
-    cfg = TrainConfig(lr=0.01, epochs=2, batch_size=10)
+    cfg = LocalTraining(lr=0.01, epochs=2, batch_size=10)
     # 21 images: batches of 10, 10 and 1.
     plain = train_local(_model(), images[:21], labels[:21], train_tf, cfg, generator=_gen(0))
     with_bn = train_local(_bn_model(), images[:21], labels[:21], train_tf, cfg, generator=_gen(0))
-    assert plain["steps"] == 2 * 3
-    assert with_bn["steps"] == 2 * 2
+    assert plain.steps == 2 * 3
+    assert with_bn.steps == 2 * 2
     alone = train_local(_bn_model(), images[:1], labels[:1], train_tf, cfg, generator=_gen(0))
-    assert alone["steps"] == 0 and math.isnan(alone["train_loss"])
+    assert alone.steps == 0 and math.isnan(alone.train_loss)
     with pytest.raises(ConfigError, match="batch_size=1 .*BatchNorm"):
-        one_by_one = TrainConfig(lr=0.01, batch_size=1)
+        one_by_one = LocalTraining(lr=0.01, batch_size=1)
         train_local(_bn_model(), images, labels, train_tf, one_by_one, generator=_gen(0))
 
 
@@ -105,15 +108,15 @@ def test_last_partial_batch_is_kept_and_a_single_image_batch_skipped_only_with_b
 def test_proximal_term_keeps_weights_near_the_global_model(local, norm: str) -> None:
     start = _flat(_model())
     global_params = [p.detach().clone() for p in _model().parameters()]
-    free, _ = _train(local, TrainConfig(lr=0.05, epochs=3, prox_norm=norm), global_params=global_params)
+    free, _ = _train(local, LocalTraining(lr=0.05, epochs=3, prox_norm=norm), global_params=global_params)
     pulled, metrics = _train(
-        local, TrainConfig(lr=0.05, epochs=3, prox_weight=2.0, prox_norm=norm), global_params=global_params
+        local, LocalTraining(lr=0.05, epochs=3, prox_weight=2.0, prox_norm=norm), global_params=global_params
     )
     free_distance = float(torch.linalg.vector_norm(_flat(free) - start))
     pulled_distance = float(torch.linalg.vector_norm(_flat(pulled) - start))
     assert free_distance > 1.0
     assert pulled_distance < 0.1 * free_distance
-    assert math.isfinite(metrics["train_loss"])
+    assert math.isfinite(metrics.train_loss)
     # The anchor is a copy: the caller's tensors are untouched.
     assert torch.equal(torch.cat([g.flatten() for g in global_params]), start)
 
@@ -133,7 +136,7 @@ def test_one_step_follows_cross_entropy_plus_weighted_proximal_gradient(norm: st
     lr, weight = 0.1, 3.0
     expected = torch.cat([s.flatten() for s in start]) - lr * (ce_grad + weight * pull(offset))
 
-    cfg = TrainConfig(lr=lr, momentum=0.0, epochs=1, batch_size=4, prox_weight=weight, prox_norm=norm)
+    cfg = LocalTraining(lr=lr, momentum=0.0, epochs=1, batch_size=4, prox_weight=weight, prox_norm=norm)
     transform = BatchTransform(TransformSpec(), *RAW, train=True)
     model.eval()
     images = pixels.reshape(4, 1, 1, 2)
@@ -144,7 +147,7 @@ def test_one_step_follows_cross_entropy_plus_weighted_proximal_gradient(norm: st
 
 def test_proximal_pull_is_towards_the_given_weights_not_the_starting_ones(local) -> None:
     target = _model(seed=1)
-    cfg = TrainConfig(lr=0.05, epochs=3, prox_weight=5.0)
+    cfg = LocalTraining(lr=0.05, epochs=3, prox_weight=5.0)
     model, _ = _train(local, cfg, global_params=list(target.parameters()))
     to_target = torch.linalg.vector_norm(_flat(model) - _flat(target))
     to_start = torch.linalg.vector_norm(_flat(model) - _flat(_model()))
@@ -152,11 +155,11 @@ def test_proximal_pull_is_towards_the_given_weights_not_the_starting_ones(local)
 
 
 def test_mixup_changes_training(local) -> None:
-    plain, plain_metrics = _train(local, TrainConfig(lr=0.05, epochs=1))
-    mixed, mixed_metrics = _train(local, TrainConfig(lr=0.05, epochs=1, mixup_alpha=1.0))
+    plain, plain_metrics = _train(local, LocalTraining(lr=0.05, epochs=1))
+    mixed, mixed_metrics = _train(local, LocalTraining(lr=0.05, epochs=1, mixup_alpha=1.0))
     assert not torch.equal(_flat(plain), _flat(mixed))
     # Mixed targets are harder to fit: the training loss stays higher.
-    assert mixed_metrics["train_loss"] > plain_metrics["train_loss"]
+    assert mixed_metrics.train_loss > plain_metrics.train_loss
 
 
 def test_mixup_pairs_each_image_with_its_own_label(local) -> None:
@@ -165,9 +168,9 @@ def test_mixup_pairs_each_image_with_its_own_label(local) -> None:
     # that is plain training. A loss using the wrong labels for either case would differ.
     (images, labels), _, train_tf, _ = local
     plain, mixed = _model(), _model()
-    cfg = TrainConfig(lr=0.05, epochs=8, batch_size=100)
+    cfg = LocalTraining(lr=0.05, epochs=8, batch_size=100)
     train_local(plain, images[:100], labels[:100], train_tf, cfg, generator=_gen(0))
-    mixup = TrainConfig(lr=0.05, epochs=8, batch_size=100, mixup_alpha=1e-3)
+    mixup = LocalTraining(lr=0.05, epochs=8, batch_size=100, mixup_alpha=1e-3)
     train_local(mixed, images[:100], labels[:100], train_tf, mixup, generator=_gen(0))
     torch.testing.assert_close(_flat(mixed), _flat(plain), rtol=1e-4, atol=1e-5)
 
@@ -175,7 +178,7 @@ def test_mixup_pairs_each_image_with_its_own_label(local) -> None:
 @pytest.mark.parametrize("alpha", [0.0, 1.0])
 def test_every_random_choice_comes_from_the_generator(local, digits, alpha: float) -> None:
     (images, labels), _, _, _ = local
-    cfg = TrainConfig(lr=0.05, epochs=1, mixup_alpha=alpha)
+    cfg = LocalTraining(lr=0.05, epochs=1, mixup_alpha=alpha)
     runs = []
     for global_seed, seed in [(1, 7), (2, 7), (1, 8)]:
         model = _model()
@@ -192,7 +195,7 @@ def test_lazy_images_give_the_same_results_as_an_array(local, digits) -> None:
     # Arrays are copied to the device once; lazy ones (Clothing1M) are read batch by batch.
     (images, labels), (test_x, test_y), _, eval_tf = local
     lazy = IndexedImages(np.asarray(images), np.arange(N_TRAIN))
-    cfg = TrainConfig(lr=0.05, epochs=1, mixup_alpha=1.0)
+    cfg = LocalTraining(lr=0.05, epochs=1, mixup_alpha=1.0)
     array_model, lazy_model = _model(), _model()
     train_local(array_model, images, labels, _shifting(digits), cfg, generator=_gen(3))
     train_local(lazy_model, lazy, labels, _shifting(digits), cfg, generator=_gen(3))
@@ -200,7 +203,7 @@ def test_lazy_images_give_the_same_results_as_an_array(local, digits) -> None:
     lazy_test = IndexedImages(np.asarray(test_x), np.arange(len(test_y)))
     from_array = evaluate(array_model, test_x, test_y, eval_tf)
     from_lazy = evaluate(array_model, lazy_test, test_y, eval_tf)
-    assert from_lazy == pytest.approx(from_array, rel=1e-6)
+    assert asdict(from_lazy) == pytest.approx(asdict(from_array), rel=1e-6)
 
 
 def test_evaluation_metrics_on_a_hand_checkable_case() -> None:
@@ -217,9 +220,9 @@ def test_evaluation_metrics_on_a_hand_checkable_case() -> None:
     losses, _ = loss_and_proba(model, images, labels, transform, batch_size=3)
     np.testing.assert_allclose(losses, expected_loss, atol=1e-5)
     metrics = evaluate(model, images, labels, transform, batch_size=3)
-    assert metrics["accuracy"] == pytest.approx(0.75)
-    assert metrics["loss"] == pytest.approx(expected_loss.mean(), abs=1e-5)
-    assert metrics["num-examples"] == 4
+    assert metrics.accuracy == pytest.approx(0.75)
+    assert metrics.loss == pytest.approx(expected_loss.mean(), abs=1e-5)
+    assert metrics.num_examples == 4
 
 
 def test_evaluation_on_real_data_is_consistent_and_batch_size_free(local) -> None:
@@ -231,9 +234,9 @@ def test_evaluation_on_real_data_is_consistent_and_batch_size_free(local) -> Non
     metrics = evaluate(model, test_x, test_y, eval_tf, batch_size=100)  # 360 = 3 x 100 + a partial 60
     assert proba.shape == (len(test_y), 10) and losses.shape == (len(test_y),)
     np.testing.assert_allclose(proba.sum(axis=1), 1.0, atol=1e-5)
-    assert metrics["loss"] == pytest.approx(float(losses.mean(dtype=np.float64)), rel=1e-6)
-    assert metrics["accuracy"] == pytest.approx(float((proba.argmax(axis=1) == test_y).mean()))
-    assert metrics["num-examples"] == len(test_y)
+    assert metrics.loss == pytest.approx(float(losses.mean(dtype=np.float64)), rel=1e-6)
+    assert metrics.accuracy == pytest.approx(float((proba.argmax(axis=1) == test_y).mean()))
+    assert metrics.num_examples == len(test_y)
     assert model.training
 
 
@@ -271,7 +274,7 @@ def test_training_rejects_bad_labels_before_changing_the_model(local) -> None:
 
 def test_prox_weight_needs_matching_global_params(local) -> None:
     (images, labels), _, train_tf, _ = local
-    cfg = TrainConfig(lr=0.05, prox_weight=1.0)
+    cfg = LocalTraining(lr=0.05, prox_weight=1.0)
     model = _model()
     before = _flat(model)
     with pytest.raises(ConfigError, match="prox_weight > 0 needs global_params"):
@@ -285,9 +288,10 @@ def test_prox_weight_needs_matching_global_params(local) -> None:
     assert torch.equal(_flat(model), before)
 
 
-def test_train_config_from_mapping_accepts_the_fields() -> None:
-    cfg = TrainConfig.from_mapping({"lr": 0.01, "epochs": 2, "mixup_alpha": 1, "prox_norm": "l2"})
-    assert cfg == TrainConfig(lr=0.01, epochs=2, mixup_alpha=1, prox_norm="l2")
+def test_local_training_from_a_config_mapping_accepts_the_fields() -> None:
+    mapping = {"lr": 0.01, "epochs": 2, "mixup_alpha": 1, "prox_norm": "l2"}
+    cfg = settings_from_mapping(LocalTraining, mapping, "strategy.train")
+    assert cfg == LocalTraining(lr=0.01, epochs=2, mixup_alpha=1, prox_norm="l2")
     assert (cfg.momentum, cfg.weight_decay, cfg.batch_size, cfg.prox_weight) == (0.5, 0.0, 10, 0.0)
 
 
@@ -311,19 +315,22 @@ def test_train_config_from_mapping_accepts_the_fields() -> None:
         ("prox_norm", "l1"),
     ],
 )
-def test_train_config_rejects_each_bad_value_naming_it(key: str, value) -> None:
+def test_local_training_rejects_each_bad_value_naming_it(key: str, value) -> None:
     mapping = {"lr": 0.01, key: value}
-    with pytest.raises(ConfigError, match=f"^train.{key}={value!r} is invalid: allowed"):
-        TrainConfig.from_mapping(mapping)
+    with pytest.raises(ConfigError, match=f"^{key}={value!r} is invalid: allowed"):
+        LocalTraining(**mapping)
+    # From the config, the value is named by its full key.
+    with pytest.raises(ConfigError, match=f"^strategy.train.{key}={value!r} is invalid: allowed"):
+        settings_from_mapping(LocalTraining, mapping, "strategy.train")
 
 
-def test_train_config_rejects_unknown_and_missing_keys() -> None:
+def test_local_training_from_a_config_mapping_rejects_unknown_and_missing_keys() -> None:
     with pytest.raises(ConfigError, match=r"unknown keys \['decay', 'lrr'\].*allowed are \['lr'"):
-        TrainConfig.from_mapping({"lr": 0.01, "lrr": 0.1, "decay": 0.0})
-    with pytest.raises(ConfigError, match="train.lr is missing"):
-        TrainConfig.from_mapping({"epochs": 2})
+        settings_from_mapping(LocalTraining, {"lr": 0.01, "lrr": 0.1, "decay": 0.0}, "strategy.train")
+    with pytest.raises(ConfigError, match="strategy.train.lr is missing"):
+        settings_from_mapping(LocalTraining, {"epochs": 2}, "strategy.train")
     with pytest.raises(ConfigError, match="allowed is a mapping"):
-        TrainConfig.from_mapping([("lr", 0.01)])
+        settings_from_mapping(LocalTraining, [("lr", 0.01)], "strategy.train")
 
 
 def test_loss_and_proba_agree_with_predict_proba_and_cross_entropy(local) -> None:
@@ -339,7 +346,7 @@ def test_feddyn_linear_term_shifts_one_step_by_lr_times_the_correction() -> None
     pixels = np.array([[10, 0], [0, 10], [5, 6], [7, 3]], dtype=np.uint8)
     labels = np.array([0, 1, 0, 0])
     transform = BatchTransform(TransformSpec(), *RAW, train=True)
-    cfg = TrainConfig(lr=0.1, momentum=0.0, epochs=1, batch_size=4, prox_weight=0.5)
+    cfg = LocalTraining(lr=0.1, momentum=0.0, epochs=1, batch_size=4, prox_weight=0.5)
     results = []
     for scale in (0.0, 1.0):
         model = _pixel_model()
@@ -355,7 +362,7 @@ def test_feddyn_linear_term_shifts_one_step_by_lr_times_the_correction() -> None
 
 def test_feddyn_linear_terms_must_match_the_parameters() -> None:
     model = _pixel_model()
-    cfg = TrainConfig(lr=0.1, epochs=1)
+    cfg = LocalTraining(lr=0.1, epochs=1)
     transform = BatchTransform(TransformSpec(), *RAW, train=True)
     images, labels = np.zeros((2, 1, 1, 2), np.uint8), np.array([0, 1])
     with pytest.raises(ConfigError, match="linear_terms has 1 tensors"):

@@ -9,8 +9,9 @@ import pytest
 import torch
 import torchvision.transforms.v2.functional as TF
 
-from data.errors import ConfigError
-from data.transforms import BatchTransform, TransformSpec, transform_from_config
+from common.errors import ConfigError, InvalidValue
+from common.validation import settings_from_mapping
+from data.transforms import BatchTransform, TransformPair, TransformSpec
 
 CIFAR_TRAIN = TransformSpec(crop=32, pad=4, flip=True)
 CLOTHING_TRAIN = TransformSpec(resize=256, crop=224, flip=True)
@@ -158,10 +159,24 @@ def test_resize_train_crop_is_a_window_of_the_resized_image() -> None:
         assert error.min() < 1e-3
 
 
+def _from_config(cfg: dict, train: bool) -> BatchTransform:
+    """A transform from a ``dataset.transforms`` block, built the way the run's settings build it."""
+    part = "train" if train else "eval"
+    spec = settings_from_mapping(TransformSpec, cfg, f"dataset.transforms.{part}")
+    return BatchTransform(spec, MEAN3, STD3, train=train)
+
+
 def test_from_config_builds_presets_and_fills_defaults() -> None:
-    transform = transform_from_config({"crop": 32, "pad": 4, "flip": True}, MEAN3, STD3, train=True)
+    transform = _from_config({"crop": 32, "pad": 4, "flip": True}, train=True)
     assert transform.spec == CIFAR_TRAIN and transform.train
-    assert transform_from_config({}, MEAN3, STD3, train=False).spec == TransformSpec()
+    assert _from_config({}, train=False).spec == TransformSpec()
+    assert TransformSpec(**{"crop": 32, "pad": 4, "flip": True}) == CIFAR_TRAIN
+
+
+def test_transform_pair_builds_a_training_and_an_evaluation_transform() -> None:
+    train, evaluation = TransformPair(CLOTHING_TRAIN, CLOTHING_EVAL).build(MEAN3, STD3)
+    assert (train.spec, train.train) == (CLOTHING_TRAIN, True)
+    assert (evaluation.spec, evaluation.train) == (CLOTHING_EVAL, False)
 
 
 @pytest.mark.parametrize(
@@ -181,7 +196,20 @@ def test_from_config_builds_presets_and_fills_defaults() -> None:
 )
 def test_bad_config_raises_config_error_naming_the_value(cfg: dict, named: str) -> None:
     with pytest.raises(ConfigError, match=named.replace("(", r"\(")):
-        transform_from_config(cfg, MEAN3, STD3, train=False)
+        _from_config(cfg, train=False)
+
+
+@pytest.mark.parametrize(
+    ("cfg", "message"),
+    [
+        ({"crop": 0}, "crop=0 is invalid: allowed is an integer >= 1"),
+        ({"pad": 2}, "pad=2 is invalid: a pad needs a crop size"),
+        ({"flip": "yes"}, "flip='yes' is invalid: allowed is true or false"),
+    ],
+)
+def test_transform_spec_names_the_bad_value_by_its_field(cfg: dict, message: str) -> None:
+    with pytest.raises(InvalidValue, match=f"^{message}"):
+        TransformSpec(**cfg)
 
 
 def test_eval_crop_must_fit_without_padding() -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable
 
-from data.errors import ConfigError
+from common.errors import ConfigError
 from data.sources.base import Dataset, ImageArray, Split
 from data.sources.cifar import load_cifar10, load_cifar100
 from data.sources.clothing1m import load_clothing1m

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import numpy as np
 
-from data.errors import ConfigError
+from common.errors import ConfigError
 from data.sources.base import Dataset, Split
 
 # The arrays such a source decodes and caches.

@@ -55,6 +55,7 @@ class Dataset:
 
     @property
     def num_classes(self) -> int:
+        """How many classes the labels range over."""
         return len(self.classes)
 
     @property

@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
-from data.errors import ConfigError, DatasetNotFoundError
+from common.errors import ConfigError, DatasetNotFoundError
 from data.sources.base import Dataset, Split
 from data.sources.cache import load_cached
 from data.sources.lookup import Lookup, as_path
@@ -33,7 +33,7 @@ class Clothing1MImages:
         self.root = root
         self.paths = paths
         self.size = size
-        self.shape = (len(paths), 3, size, size)
+        self.shape: tuple[int, ...] = (len(paths), 3, size, size)
 
     def __len__(self) -> int:
         return len(self.paths)
@@ -102,17 +102,20 @@ def load_clothing1m(
                 "it cannot be downloaded automatically (download=True does not help)",
             ]
         )
+    assert root is not None  # without a root, files is None and the lookup error was raised
     base = as_path(root)
     arrays = load_cached("clothing1m", files, _ARRAYS, lambda: _decode(base), cache_dir)
+    train_images = Clothing1MImages(base, arrays["train_paths"])
     train = Split(
-        Clothing1MImages(base, arrays["train_paths"]),
+        train_images,
         np.asarray(arrays["train_labels"]),
         np.asarray(arrays["train_true"]),
     )
     test_labels = np.asarray(arrays["test_labels"])
-    test = Split(Clothing1MImages(base, arrays["test_paths"]), test_labels, test_labels)
-    for split in (train, test):
-        _check_first_image(split.images)
+    test_images = Clothing1MImages(base, arrays["test_paths"])
+    test = Split(test_images, test_labels, test_labels)
+    for images in (train_images, test_images):
+        _check_first_image(images)
     return Dataset(
         name="clothing1m",
         train=train,

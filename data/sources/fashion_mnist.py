@@ -7,7 +7,7 @@ from pathlib import Path
 
 import numpy as np
 
-from data.errors import ConfigError
+from common.errors import ConfigError
 from data.sources.arrays import SPLIT_ARRAYS, checked_labels, clean_dataset
 from data.sources.base import Dataset
 from data.sources.cache import download_root, load_cached

@@ -5,13 +5,14 @@ from __future__ import annotations
 import gzip
 import zlib
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
-from data.errors import ConfigError
+from common.errors import ConfigError
 
 # Type byte of the magic number -> big-endian element type (http://yann.lecun.com/exdb/mnist/).
-_IDX_TYPES = {
+_IDX_TYPES: dict[int, np.dtype[Any]] = {
     0x08: np.dtype(">u1"),
     0x09: np.dtype(">i1"),
     0x0B: np.dtype(">i2"),

@@ -6,7 +6,7 @@ import os
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
-from data.errors import DatasetNotFoundError
+from common.errors import DatasetNotFoundError
 
 
 def as_path(path: str | os.PathLike[str]) -> Path:
@@ -53,6 +53,7 @@ class Lookup:
         return None
 
     def miss(self, place: Path | str, reason: str) -> None:
+        """Note a place that did not hold the dataset, and why, for ``error``."""
         self._misses.append(f"{place}: {reason}")
 
     def error(self, how_to_get: Sequence[str]) -> DatasetNotFoundError:

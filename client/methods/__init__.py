@@ -1,0 +1,1 @@
+"""One module per method with client-side work; each defines ``METHOD`` (``client.plugins``)."""

@@ -1,0 +1,74 @@
+"""FedCorr's client side: the LID score after stage-1 training, and label correction (``query.correct``).
+
+Stage 1 (Sec. 3.2): after local training the client reports the LID score of its local model's
+predictions on its local set (eq. 2). When the server flags it noisy, ``query.correct`` (stage1)
+fits a 2-component GMM on the global model's per-sample losses to find the noisy subset D_n,
+estimates mu_hat = |D_n| / n_k, and relabels the top floor(pi |D_n|) of D_n by loss whose global
+max-probability is >= theta (eqs. 6-7). End of stage 2 (Sec. 3.3): ``query.correct`` (stage2)
+relabels every confident sample. The corrected labels stay on the client (``client.label_state``);
+only counts and mu_hat leave it, and the ground-truth counts only when the node knows its truth.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from flwr.app import ArrayRecord, Context, RecordDict
+
+from client.label_state import current_labels, store_labels
+from client.node import LocalNode
+from client.plugins import ClientMethod, Trained, plain_train
+from common.seeding import rng_for
+from protocol.fedcorr import METHOD as NAME
+from protocol.fedcorr import CorrectIns, CorrectRes, Diagnostics, LidScore, Stage1Options
+from protocol.messages import TrainIns, read_arrays, read_instruction, reply
+from task.correction import loss_split, stage1_relabel, stage2_relabel
+from task.evaluation import loss_and_proba, predict_proba
+from task.lid import lid_score
+
+
+def stage1_train(node: LocalNode, context: Context, arrays: ArrayRecord, ins: TrainIns,
+                 options: Stage1Options) -> Trained:
+    """Local training (mixup and the proximal term come in ``ins.training``), then the LID score of
+    the trained model's softmax outputs on the local set (evaluation transforms)."""
+    trained = plain_train(node, context, arrays, ins, None)
+    probabilities = predict_proba(trained.model, node.data.images, node.eval_transform, device=node.device)
+    return Trained(trained.model, trained.stats, LidScore(lid_score(probabilities, k=options.lid_k)))
+
+
+def diagnostics(node: LocalNode, before: np.ndarray, after: np.ndarray) -> Diagnostics:
+    """Ground-truth label noise before/after and how many changed labels became right. Only a node
+    that knows its true labels (simulation, rehearsal) can compute them; a real node has none."""
+    truth = node.data.true_labels
+    known = truth >= 0
+    changed = known & (before != after)
+    return Diagnostics(
+        known=int(known.sum()),
+        wrong_before=int(np.sum(known & (before != truth))),
+        wrong_after=int(np.sum(known & (after != truth))),
+        changed=int(changed.sum()),
+        changed_correct=int(np.sum(changed & (after == truth))),
+    )
+
+
+def correct(node: LocalNode, context: Context, content: RecordDict) -> RecordDict:
+    """FedCorr's label correction with the global model (Sec. 3.2 steps 2-3, Sec. 3.3)."""
+    ins = read_instruction(content, CorrectIns)
+    model = node.new_model()
+    model.load_state_dict(read_arrays(content, "the server").to_torch_state_dict())
+    labels = current_labels(context, node)
+    losses, probabilities = loss_and_proba(model, node.data.images, labels, node.eval_transform, device=node.device)
+    mu_hat = None
+    if ins.mode == "stage1":
+        seed = int(rng_for(ins.seed, f"loss-gmm/{node.partition_id}").integers(2**31))
+        noisy = loss_split(losses, seed)
+        new, mu_hat, _ = stage1_relabel(labels, losses, probabilities, noisy, pi=ins.pi, theta=ins.theta)
+    else:
+        new, _ = stage2_relabel(labels, probabilities, theta=ins.theta)
+    if not ins.relabel:
+        new = labels
+    store_labels(context, node, new)
+    counts = diagnostics(node, labels, new) if ins.diagnostics and (node.data.true_labels >= 0).any() else None
+    return reply(CorrectRes(n_relabeled=int(np.sum(new != labels)), mu_hat=mu_hat, diagnostics=counts))
+
+
+METHOD = ClientMethod(NAME, options=Stage1Options, train=stage1_train, queries={"correct": correct})

@@ -1,0 +1,80 @@
+"""FedCorr's messages: the stage-1 train options (LID), its reply extra, and ``query.correct``.
+
+- ``train`` with method ``fedcorr`` and ``Stage1Options``: after local training the client returns
+  the LID score of its local model's predictions (``LidScore`` under ``fedcorr``).
+- ``query.correct`` (arrays: the global model) with ``CorrectIns`` -> ``CorrectRes``: the client
+  estimates its noise level (stage 1) and relabels, keeping the new labels as its state. Only counts
+  and mu_hat leave the client; ``Diagnostics`` (ground-truth counts) only in simulation.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from flwr.app import MessageType
+
+from common.validation import Choice, Integer, Number, check_fields, rule
+
+METHOD = "fedcorr"
+CORRECT = f"{MessageType.QUERY}.correct"
+MODES = ("stage1", "stage2")
+
+
+@dataclass(frozen=True)
+class Stage1Options:
+    """Stage-1 train options: compute the LID score with ``lid_k`` neighbours after training."""
+
+    lid_k: int = field(metadata=rule(Integer(low=1)))
+
+    def __post_init__(self) -> None:
+        check_fields(self)
+
+
+@dataclass(frozen=True)
+class LidScore:
+    """Stage-1 train extra: the LID score of the trained local model on the local set (eq. 2)."""
+
+    lid: float
+
+
+@dataclass(frozen=True)
+class CorrectIns:
+    """A ``query.correct`` instruction.
+
+    mode: ``stage1`` (loss split, noise estimate, relabel the top pi of the noisy subset, eqs. 6-7) or
+        ``stage2`` (relabel every confident sample, Sec. 3.3).
+    pi: relabel ratio; theta: confidence threshold.
+    relabel: False keeps the labels (Table 6's ablation) but still estimates mu_hat.
+    seed: the run's seed (the client derives its loss-GMM seed from it and its partition id).
+    diagnostics: return ground-truth counts where the node knows its true labels (simulation).
+    """
+
+    mode: str = field(metadata=rule(Choice(MODES)))
+    pi: float = field(metadata=rule(Number(low=0.0, high=1.0)))
+    theta: float = field(metadata=rule(Number(low=0.0, high=1.0)))
+    relabel: bool = True
+    seed: int = field(default=0, metadata=rule(Integer(low=0)))
+    diagnostics: bool = False
+
+    def __post_init__(self) -> None:
+        check_fields(self)
+
+
+@dataclass(frozen=True)
+class Diagnostics:
+    """Ground-truth counts over the samples whose true label the node knows (simulation only)."""
+
+    known: int
+    wrong_before: int
+    wrong_after: int
+    changed: int
+    changed_correct: int
+
+
+@dataclass(frozen=True)
+class CorrectRes:
+    """A ``query.correct`` reply: labels changed, the noise estimate (stage 1), diagnostics if asked."""
+
+    n_relabeled: int
+    mu_hat: float | None = None
+    diagnostics: Diagnostics | None = None

@@ -1,0 +1,152 @@
+"""The messages every method uses: their types, typed instructions and replies, and the record layout.
+
+A message's content is a ``RecordDict``:
+
+- ``arrays``: an ``ArrayRecord`` (model weights), when the message carries any;
+- ``config`` (an instruction) or ``metrics`` (a reply): the payload dataclass as one flat record;
+- ``<method>``: a method's own options (instruction) or extra results (reply), as its own record,
+  named after the client plug-in that reads or writes it (``fedcorr``, ``feddyn``).
+
+Kinds (``docs/design.md`` has the table):
+
+==================  =================================  ==========================================
+message type        instruction                        reply
+==================  =================================  ==========================================
+``query.info``      (empty)                            ``NodeInfo``
+``train``           arrays + ``TrainIns`` [+ options]  arrays + ``TrainRes`` [+ method extra]
+``evaluate``        arrays                             ``Scores`` (on the node's current labels)
+``query.loss``      arrays                             ``Scores`` (Power-of-Choice's candidate query)
+==================  =================================  ==========================================
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, TypeVar, cast
+
+from flwr.app import ArrayRecord, ConfigRecord, MessageType, MetricRecord, MetricRecordValues, RecordDict
+
+from protocol.codec import ProtocolError, decode, encode
+from task.local_training import LocalTraining, TrainStats
+from task.scores import Scores
+
+if TYPE_CHECKING:
+    from _typeshed import DataclassInstance
+
+T = TypeVar("T", bound="DataclassInstance")
+
+__all__ = [
+    "ARRAYS", "CONFIG", "EVALUATE", "INFO", "LOSS", "METRICS", "SERVER", "TRAIN",
+    "NodeInfo", "Scores", "TrainIns", "TrainRes",
+    "instruction", "read_arrays", "read_extra", "read_instruction", "read_options", "read_reply", "reply",
+]
+
+INFO = f"{MessageType.QUERY}.info"
+TRAIN = MessageType.TRAIN
+EVALUATE = MessageType.EVALUATE
+LOSS = f"{MessageType.QUERY}.loss"
+
+ARRAYS = "arrays"
+CONFIG = "config"
+METRICS = "metrics"
+
+SERVER = "the server"
+
+
+@dataclass(frozen=True)
+class NodeInfo:
+    """Reply to ``query.info``: which partition a node holds and how many training samples it has."""
+
+    partition_id: int
+    num_examples: int
+
+
+@dataclass(frozen=True)
+class TrainIns:
+    """A ``train`` instruction: train from the sent arrays for ``server_round``.
+
+    training: the local SGD settings.
+    method: the client plug-in that trains (``""``: plain local SGD); its options, if any, travel
+        in a record of that name.
+    """
+
+    server_round: int
+    training: LocalTraining
+    method: str = ""
+
+
+TrainRes = TrainStats
+"""A ``train`` reply (with the trained arrays) reports the client's training stats."""
+
+
+
+def instruction(payload: Any = None, *, arrays: ArrayRecord | None = None,
+                options: Any = None, method: str = "") -> RecordDict:
+    """The content of an instruction: ``arrays``, ``payload`` as ``config``, ``options`` under ``method``."""
+    content = RecordDict()
+    if arrays is not None:
+        content[ARRAYS] = arrays
+    if payload is not None:
+        # dict(): the same items, typed with ConfigRecord's value types (dict is invariant)
+        content[CONFIG] = ConfigRecord(dict(encode(payload)))
+    if options is not None:
+        content[method] = ConfigRecord(dict(encode(options)))
+    return content
+
+
+def reply(payload: Any, *, arrays: ArrayRecord | None = None, extra: Any = None, method: str = "") -> RecordDict:
+    """The content of a reply: ``arrays``, ``payload`` as ``metrics``, ``extra`` under ``method``."""
+    content = RecordDict()
+    if arrays is not None:
+        content[ARRAYS] = arrays
+    # Reply payloads hold numbers only (a str would not fit a MetricRecord, which checks every value).
+    content[METRICS] = MetricRecord(cast(dict[str, MetricRecordValues], encode(payload)))
+    if extra is not None:
+        content[method] = MetricRecord(cast(dict[str, MetricRecordValues], encode(extra)))
+    return content
+
+
+def _record(content: RecordDict, key: str, kind: type, sender: str) -> Any:
+    if key not in content:
+        raise ProtocolError(sender, key, "is missing")
+    record = content[key]
+    if not isinstance(record, kind):
+        raise ProtocolError(sender, key, f"holds a {type(record).__name__}: expected a {kind.__name__}")
+    return record
+
+
+def read_instruction(content: RecordDict, cls: type[T], sender: str = SERVER) -> T:
+    """The ``config`` record of an instruction as ``cls``."""
+    return decode(cls, _record(content, CONFIG, ConfigRecord, sender), sender)
+
+
+def read_options(content: RecordDict, method: str, cls: type[T], sender: str = SERVER) -> T:
+    """A method's options record of an instruction as ``cls``."""
+    return decode(cls, _record(content, method, ConfigRecord, sender), sender)
+
+
+def read_reply(content: RecordDict, cls: type[T], sender: str) -> T:
+    """The ``metrics`` record of a reply as ``cls``."""
+    return decode(cls, _record(content, METRICS, MetricRecord, sender), sender)
+
+
+def read_extra(content: RecordDict, method: str, cls: type[T], sender: str) -> T:
+    """A method's extra record of a reply as ``cls``."""
+    return decode(cls, _record(content, method, MetricRecord, sender), sender)
+
+
+def read_arrays(content: RecordDict, sender: str, like: ArrayRecord | None = None) -> ArrayRecord:
+    """The ``arrays`` record; with ``like``, checked to hold the same keys with the same shapes."""
+    arrays = _record(content, ARRAYS, ArrayRecord, sender)
+    if like is not None:
+        missing = sorted(set(like) - set(arrays))
+        extra = sorted(set(arrays) - set(like))
+        if missing or extra:
+            raise ProtocolError(sender, ARRAYS,
+                                f"do not match the model: missing {missing[:3]}, unexpected {extra[:3]}")
+        for name, array in like.items():
+            if tuple(arrays[name].shape) != tuple(array.shape):
+                raise ProtocolError(sender, ARRAYS, f"array {name!r} has shape {tuple(arrays[name].shape)}: "
+                                                    f"expected {tuple(array.shape)}")
+    return arrays
+

@@ -1,0 +1,44 @@
+"""Check a composed configuration once, before any work, into the typed settings of a whole run.
+
+``sim.py`` and the ServerApp call ``load_run``; the ClientApp needs only ``settings.run``. Raises one
+ConfigError naming the first bad value and what is allowed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
+
+from settings.run import RunSettings, run_settings
+from strategies.environment import Environment
+from strategies.registry import StrategyPlan, parse_strategy
+
+
+@dataclass(frozen=True)
+class RunPlan:
+    """A checked run: its settings and its strategy's."""
+
+    settings: RunSettings
+    strategy: StrategyPlan
+
+    def environment(self, **known: Any) -> Environment:
+        """What the strategy is built with; ``known`` adds what only the running server knows
+        (the model's parameter names, the scene's ground truth)."""
+        return environment(self.settings, **known)
+
+
+def environment(settings: RunSettings, **known: Any) -> Environment:
+    """The strategies' view of the run's settings."""
+    return Environment(num_clients=settings.num_clients, seed=settings.seed, comm_budget=settings.comm_budget,
+                       skip_failed=settings.server.on_client_error == "skip", **known)
+
+
+def load_run(cfg: DictConfig) -> RunPlan:
+    """The run's settings and its strategy's, every value checked."""
+    settings = run_settings(cfg)
+    strategy_cfg = OmegaConf.to_container(cfg.strategy, resolve=True)
+    assert isinstance(strategy_cfg, dict)
+    strategy = {str(key): value for key, value in strategy_cfg.items()}
+    return RunPlan(settings, parse_strategy(strategy, environment(settings)))

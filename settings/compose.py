@@ -1,0 +1,91 @@
+"""Compose the Hydra configuration in ``conf/`` from command-line style overrides.
+
+``conf/`` holds only YAML: every default lives there. This module registers the resolvers its
+``out_dir`` default uses and composes it, in-process or inside ``sim.py``'s ``@hydra.main``.
+"""
+
+from __future__ import annotations
+
+import functools
+import shlex
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from hydra import compose, initialize_config_dir
+from hydra.core.global_hydra import GlobalHydra
+from hydra.errors import HydraException
+from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+from common.errors import ConfigError
+
+CONF_DIR = Path(__file__).resolve().parents[1] / "conf"
+
+
+def _tag(node: DictConfig) -> str:
+    """``${tag:${noise}}`` -> ``fedcorr_allow_true_label=True_rho=0.6_tau=0.5``: a group's name and
+    parameters as a path-safe string, so default output folders differ whenever the settings do."""
+    params = [f"{key}={node[key]}" for key in sorted(node) if key != "name"]
+    return "_".join([str(node["name"]), *params]).replace("/", "-")
+
+
+def _strategy_dir(node: DictConfig) -> str:
+    """``${strategy_dir:${strategy}}`` -> ``fedcorr``, or ``fedcorr+feddyn`` when FedCorr's stage 3 is
+    not FedAvg, so runs that differ only in their stage-3 strategy write to different folders."""
+    stage3 = node.get("stage3", "fedavg")
+    return str(node["name"]) + ("" if stage3 == "fedavg" else f"+{stage3}")
+
+
+if not OmegaConf.has_resolver("tag"):
+    OmegaConf.register_new_resolver("tag", _tag)
+if not OmegaConf.has_resolver("strategy_dir"):
+    OmegaConf.register_new_resolver("strategy_dir", _strategy_dir)
+
+
+def group_options(group: str) -> list[str]:
+    """The names a config group accepts (its YAML files), e.g. ``group_options("noise")``."""
+    return sorted(path.stem for path in (CONF_DIR / group).glob("*.yaml"))
+
+
+def compose_config(overrides: Sequence[str] = ()) -> DictConfig:
+    """The resolved config for ``overrides`` such as ``["noise=symmetric", "seed=2"]``.
+
+    Hydra's own errors (an unknown group option, a key that does not exist) become one ConfigError
+    that names the bad override and, for a group, the options it has.
+    """
+    for override in overrides:
+        group, sep, value = override.partition("=")
+        if sep and (CONF_DIR / group).is_dir() and value not in group_options(group):
+            raise ConfigError(
+                f"{group}={value!r} is unknown: allowed are {', '.join(group_options(group))}"
+            )
+    try:
+        if GlobalHydra.instance().is_initialized():
+            # Inside sim.py's @hydra.main, whose search path is this same folder.
+            cfg = compose("config", overrides=list(overrides))
+        else:
+            with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+                cfg = compose("config", overrides=list(overrides))
+        OmegaConf.resolve(cfg)
+    except (HydraException, OmegaConfBaseException) as err:
+        raise ConfigError(f"bad override in {' '.join(overrides)!r}: {err}") from err
+    return cfg
+
+
+RUN_CONFIG_KEY = "overrides"
+
+
+@functools.lru_cache(maxsize=8)
+def _compose_cached(overrides: str) -> DictConfig:
+    return compose_config(shlex.split(overrides))
+
+
+def compose_from_run_config(run_config: Mapping[str, Any]) -> DictConfig:
+    """The config for a Flower run: Hydra overrides travel as one string under the run config key
+    ``overrides`` (``flwr run . --run-config 'overrides="experiment=smoke seed=2"'``).
+
+    Cached per process, so a simulated client composes once, not once per message. Callers must
+    not modify the returned config.
+    """
+    return _compose_cached(str(run_config.get(RUN_CONFIG_KEY, "")))

@@ -1,0 +1,24 @@
+"""What a run gives every strategy besides its own settings."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from strategies.ground_truth import GroundTruth
+
+
+@dataclass(frozen=True)
+class Environment:
+    """num_clients: the federation's size; seed: the run's seed.
+    comm_budget: client participations every method spends (None: each strategy's own rounds).
+    skip_failed: drop a failed client from its round instead of stopping the run.
+    parameter_names: the model's trainable parameters by name (FedDyn corrects only those).
+    truth: the simulated scene's ground truth, for detection metrics; None without ground truth.
+    """
+
+    num_clients: int
+    seed: int
+    comm_budget: int | None = None
+    skip_failed: bool = False
+    parameter_names: tuple[str, ...] = ()
+    truth: GroundTruth | None = None

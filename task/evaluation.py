@@ -1,0 +1,99 @@
+"""Evaluation of a model on a set of images: logits, class probabilities, per-sample and mean loss."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from common.errors import ConfigError
+from common.validation import check_int
+from data.sources.base import ImageArray
+from data.transforms import BatchTransform
+from task.batches import ImageBatches, check_labels_fit, label_tensor
+from task.scores import Scores
+
+
+def predict_logits(
+    model: nn.Module,
+    images: ImageArray,
+    transform: BatchTransform,
+    *,
+    batch_size: int = 256,
+    device: torch.device | str = "cpu",
+) -> torch.Tensor:
+    """Model outputs (n, M) as a float32 CPU tensor, in eval mode and without gradients.
+
+    ``transform`` must be an evaluation transform (built with train=False), so the result is
+    deterministic. The model is moved to ``device`` and left in the mode it came in.
+    """
+    if not isinstance(transform, BatchTransform) or transform.train:
+        raise ConfigError(
+            f"transform {transform!r} is invalid for evaluation: "
+            "allowed is a BatchTransform built with train=False"
+        )
+    check_int("batch_size", batch_size, low=1)
+    batches = ImageBatches(images, device)
+    model.to(batches.device)
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.inference_mode():
+            rows = torch.arange(len(batches), device=batches.device)
+            # Kept on the device and concatenated once: one copy to the host instead of one per batch.
+            outputs = [model(transform(batches(chunk))) for chunk in rows.split(batch_size)]
+    finally:
+        model.train(was_training)
+    return torch.cat(outputs).float().cpu()
+
+
+def predict_proba(
+    model: nn.Module,
+    images: ImageArray,
+    transform: BatchTransform,
+    *,
+    batch_size: int = 256,
+    device: torch.device | str = "cpu",
+) -> np.ndarray:
+    """Softmax outputs, float32 of shape (n, M); each row sums to 1."""
+    logits = predict_logits(model, images, transform, batch_size=batch_size, device=device)
+    return torch.softmax(logits, dim=1).numpy()
+
+
+def _losses(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    check_labels_fit(int(targets.max()), logits.shape[1])
+    return F.cross_entropy(logits, targets, reduction="none")
+
+
+def loss_and_proba(
+    model: nn.Module,
+    images: ImageArray,
+    labels: np.ndarray,
+    transform: BatchTransform,
+    *,
+    batch_size: int = 256,
+    device: torch.device | str = "cpu",
+) -> tuple[np.ndarray, np.ndarray]:
+    """Per-sample cross-entropy (n,) and softmax outputs (n, M) from one pass over the images."""
+    targets = label_tensor(labels, len(images))
+    logits = predict_logits(model, images, transform, batch_size=batch_size, device=device)
+    return _losses(logits, targets).numpy(), torch.softmax(logits, dim=1).numpy()
+
+
+def evaluate(
+    model: nn.Module,
+    images: ImageArray,
+    labels: np.ndarray,
+    transform: BatchTransform,
+    *,
+    batch_size: int = 256,
+    device: torch.device | str = "cpu",
+) -> Scores:
+    """The model's mean cross-entropy and accuracy on ``images`` with ``labels``."""
+    targets = label_tensor(labels, len(images))
+    logits = predict_logits(model, images, transform, batch_size=batch_size, device=device)
+    losses = _losses(logits, targets)
+    correct = logits.argmax(dim=1) == targets
+    return Scores(loss=float(losses.double().mean()), accuracy=float(correct.double().mean()),
+                  num_examples=int(logits.shape[0]))

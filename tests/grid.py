@@ -1,0 +1,105 @@
+"""A Flower ``Grid`` that delivers Messages to the real ClientApp in this process: no Ray, no network.
+
+Each node has a real ``Context`` (``node_config`` with ``partition-id``/``num-partitions``, its own
+``state``, the run config) that lives across messages, as a SuperNode's does. Messages travel as copies,
+as serialised messages do. A ClientApp exception becomes an error reply with Flower's
+``CLIENT_APP_RAISED_EXCEPTION`` code and the exception's traceback as its reason, and leaves the node's
+context as it was, as Flower's simulation runtime does. Nodes can be silenced (they never answer, so a
+round times out) to test failure policies.
+"""
+
+from __future__ import annotations
+
+import copy
+import traceback
+from collections.abc import Callable, Iterable
+from uuid import uuid4
+
+import numpy as np
+from flwr.app import Context, Error, Message, RecordDict
+from flwr.common.constant import ErrorCode
+from flwr.serverapp import Grid
+from flwr.supercore.run import Run
+
+Handler = Callable[[Message, Context], Message]
+
+
+class LocalGrid(Grid):
+    """``num_nodes`` nodes running ``client_app``; node k holds partition k.
+
+    run_config: every node's ``context.run_config`` (``{"overrides": "..."}``).
+    node_configs: per-partition changes to a node's ``node_config`` (e.g. a ``state-dir``).
+    seed: draws the random 64-bit node ids, as Flower gives nodes random ids.
+    """
+
+    def __init__(self, client_app: Handler, *, num_nodes: int, run_config: dict,
+                 node_configs: dict[int, dict] | None = None, seed: int = 0) -> None:
+        ids = np.random.default_rng(seed).choice(2**62, size=num_nodes, replace=False) + 2
+        self.client_app = client_app
+        self.node_ids = [int(node) for node in ids]
+        self.contexts = {
+            node: Context(run_id=1, node_id=node, node_config={"partition-id": pid, "num-partitions": num_nodes,
+                                                               **(node_configs or {}).get(pid, {})},
+                          state=RecordDict(), run_config=dict(run_config))
+            for pid, node in enumerate(self.node_ids)
+        }
+        self.silent: set[int] = set()
+        self.delivered: list[Message] = []
+        self._replies: dict[str, Message] = {}
+        self._run = Run.create_empty(run_id=1)
+
+    def node_of(self, partition_id: int) -> int:
+        """The node id of the node holding ``partition_id``."""
+        return self.node_ids[partition_id]
+
+    def context_of(self, partition_id: int) -> Context:
+        return self.contexts[self.node_of(partition_id)]
+
+    def delivered_types(self) -> list[str]:
+        """The message type of every delivered message, in order."""
+        return [message.metadata.message_type for message in self.delivered]
+
+    # --- Grid ----------------------------------------------------------------------------------
+
+    def set_run(self, run: Run) -> None:
+        self._run = run
+
+    @property
+    def run(self) -> Run:
+        return self._run
+
+    def create_message(self, content: RecordDict, message_type: str, dst_node_id: int, group_id: str,
+                       ttl: float | None = None) -> Message:
+        return Message(content, dst_node_id, message_type, ttl=ttl, group_id=group_id)
+
+    def get_node_ids(self) -> Iterable[int]:
+        return list(self.node_ids)
+
+    def push_messages(self, messages: Iterable[Message]) -> Iterable[str]:
+        ids = []
+        for message in messages:
+            message.metadata.__dict__["_message_id"] = str(uuid4())
+            ids.append(message.metadata.message_id)
+            self.delivered.append(message)
+            node = message.metadata.dst_node_id
+            if node in self.silent:
+                continue
+            reply = self._handle(copy.deepcopy(message), self.contexts[node])
+            reply.metadata.__dict__["_message_id"] = str(uuid4())
+            self._replies[message.metadata.message_id] = reply
+        return ids
+
+    def pull_messages(self, message_ids: Iterable[str]) -> Iterable[Message]:
+        return [self._replies.pop(mid) for mid in message_ids if mid in self._replies]
+
+    def send_and_receive(self, messages: Iterable[Message], *, timeout: float | None = None) -> Iterable[Message]:
+        return list(self.pull_messages(list(self.push_messages(messages))))
+
+    def _handle(self, message: Message, context: Context) -> Message:
+        before = copy.deepcopy(context.state)
+        try:
+            return self.client_app(message, context)
+        except Exception:  # noqa: BLE001 - the runtime reports any ClientApp exception as an error reply
+            context.state = before
+            reason = traceback.format_exc()
+            return Message(Error(code=ErrorCode.CLIENT_APP_RAISED_EXCEPTION, reason=reason), reply_to=message)

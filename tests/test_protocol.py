@@ -1,0 +1,94 @@
+"""The message protocol: typed payloads to Flower records and back, every key and type checked."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import pytest
+from flwr.app import Array, ArrayRecord, ConfigRecord, MetricRecord, RecordDict
+
+from protocol.codec import ProtocolError, decode, encode, keys_of, record_key
+from protocol.fedcorr import CorrectIns, CorrectRes, Diagnostics
+from protocol.messages import (
+    NodeInfo,
+    TrainIns,
+    TrainRes,
+    instruction,
+    read_arrays,
+    read_instruction,
+    read_options,
+    read_reply,
+    reply,
+)
+from task.local_training import LocalTraining
+
+
+def test_one_naming_style_for_every_key():
+    assert record_key("num_examples") == "num-examples"
+    keys = keys_of(TrainIns) + keys_of(TrainRes) + keys_of(CorrectIns) + keys_of(CorrectRes) + keys_of(NodeInfo)
+    assert all(key == key.lower() and "_" not in key and " " not in key for key in keys)
+    assert keys_of(TrainIns) == ["server-round", "lr", "momentum", "weight-decay", "epochs", "batch-size",
+                                 "mixup-alpha", "prox-weight", "prox-norm", "method"]
+
+
+def test_instructions_and_replies_round_trip_through_flower_records():
+    ins = TrainIns(7, LocalTraining(lr=0.02, mixup_alpha=1.0, prox_weight=2.5, prox_norm="l2"), method="fedcorr")
+    arrays = ArrayRecord({"w": Array(np.arange(3, dtype=np.float32))})
+    content = instruction(ins, arrays=arrays, options=NodeInfo(1, 2), method="fedcorr")
+    assert isinstance(content["config"], ConfigRecord) and isinstance(content["fedcorr"], ConfigRecord)
+    assert read_instruction(content, TrainIns) == ins
+    assert read_options(content, "fedcorr", NodeInfo) == NodeInfo(1, 2)
+    assert np.array_equal(read_arrays(content, "the server")["w"].numpy(), [0, 1, 2])
+    res = CorrectRes(n_relabeled=4, mu_hat=0.25, diagnostics=Diagnostics(10, 5, 2, 4, 3))
+    answer = reply(res)
+    assert isinstance(answer["metrics"], MetricRecord)
+    assert read_reply(answer, CorrectRes, "client 3") == res
+
+
+def test_optional_fields_and_nested_payloads_are_all_there_or_all_absent():
+    assert read_reply(reply(CorrectRes(n_relabeled=0)), CorrectRes, "client 0") == CorrectRes(0)
+    partial = reply(CorrectRes(2, 0.1, Diagnostics(10, 5, 2, 4, 3)))
+    del partial["metrics"]["wrong-after"]
+    with pytest.raises(ProtocolError, match="client 1 sent a bad message: key 'wrong-after' is missing"):
+        read_reply(partial, CorrectRes, "client 1")
+
+
+@pytest.mark.parametrize(("change", "message"), [
+    (lambda r: r.pop("partition-id"), r"client 5 sent a bad message: key 'partition-id' is missing"),
+    (lambda r: r.__setitem__("num-examples", 2.5), r"key 'num-examples' holds 2.5 of type float: expected int"),
+    (lambda r: r.__setitem__("rank", 1), r"key 'rank' is not part of a NodeInfo"),
+])
+def test_a_bad_record_names_the_sender_and_the_key(change, message):
+    record = dict(encode(NodeInfo(3, 40)))
+    change(record)
+    with pytest.raises(ProtocolError, match=message):
+        decode(NodeInfo, record, "client 5")
+
+
+def test_a_value_the_payload_refuses_is_named_by_its_record_key():
+    record = encode(CorrectIns(mode="stage1", pi=0.5, theta=0.5))
+    with pytest.raises(ProtocolError, match=r"the server sent a bad message: key 'pi' is invalid: allowed is a number"):
+        decode(CorrectIns, {**record, "pi": 1.5}, "the server")
+    with pytest.raises(ProtocolError, match=r"key 'lr' is invalid: allowed is a finite number > 0"):
+        decode(TrainIns, {**encode(TrainIns(1, LocalTraining(lr=0.1))), "lr": float("nan")}, "the server")
+
+
+def test_a_missing_or_mistyped_record_is_named():
+    with pytest.raises(ProtocolError, match="client 2 sent a bad message: key 'metrics' is missing"):
+        read_reply(RecordDict(), NodeInfo, "client 2")
+    with pytest.raises(ProtocolError, match="key 'metrics' holds a ConfigRecord: expected a MetricRecord"):
+        read_reply(RecordDict({"metrics": ConfigRecord({"partition-id": 1})}), NodeInfo, "client 2")
+    model = ArrayRecord({"w": Array(np.zeros((2, 3), np.float32))})
+    other = RecordDict({"arrays": ArrayRecord({"w": Array(np.zeros((3, 2), np.float32))})})
+    with pytest.raises(ProtocolError, match=r"array 'w' has shape \(3, 2\): expected \(2, 3\)"):
+        read_arrays(other, "client 2", like=model)
+
+
+def test_payloads_hold_only_scalars():
+    @dataclass(frozen=True)
+    class Listy:
+        values: list
+
+    with pytest.raises(TypeError, match="not a scalar"):
+        encode(Listy([1, 2]))

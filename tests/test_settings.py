@@ -1,0 +1,77 @@
+"""The typed settings of a run: built once from the composed config, every bad value named by its key."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from common.errors import ConfigError
+from server.config import load_run
+from settings.compose import compose_config
+from settings.run import RunSettings, SimulationSettings, run_settings
+
+
+def settings(*overrides: str) -> RunSettings:
+    return run_settings(compose_config(list(overrides)))
+
+
+def test_the_default_run_is_typed_and_frozen():
+    s = settings()
+    assert (s.seed, s.num_clients, s.ground_truth, s.comm_budget) == (1, 100, False, None)
+    assert (s.scene.dataset.name, s.scene.partition.name, s.scene.noise.name) == ("fashion_mnist", "iid", "fedcorr")
+    assert s.scene.noise.params == {"rho": 0.6, "tau": 0.5, "allow_true_label": True}
+    assert (s.model.name, s.transforms.train.crop, s.transforms.train.pad, s.transforms.eval.crop) == \
+        ("lenet5", 28, 2, None)
+    assert (s.server.on_client_error, s.client.num_threads, s.simulation.num_cpus_per_client) == ("fail", 1, 1.0)
+    assert s.resolved["strategy"]["name"] == "fedcorr"
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        s.seed = 2  # type: ignore[misc]
+
+
+@pytest.mark.parametrize(("override", "message"), [
+    ("server.eval_every=0", r"^server.eval_every=0 is invalid: allowed is an integer >= 1$"),
+    ("server.on_client_error=retry", r"^server.on_client_error='retry' is invalid: allowed are fail, skip$"),
+    ("server.round_timeout=-1", r"^server.round_timeout=-1 is invalid: allowed is a number > 0.0$"),
+    ("+server.retries=3", r"server config has unknown keys \['retries'\]"),
+    ("simulation.num_cpus_per_client=0", r"^simulation.num_cpus_per_client=0 is invalid"),
+    ("simulation.verbose=maybe", r"^simulation.verbose='maybe' is invalid: allowed is true or false$"),
+    ("ground_truth=maybe", r"^ground_truth='maybe' is invalid: allowed is true or false$"),
+    ("comm_budget=0", r"^comm_budget=0 is invalid: allowed is an integer >= 1$"),
+    ("seed=-1", r"^seed=-1 is invalid: allowed is an integer >= 0$"),
+    ("dataset.transforms.train.crop=0", r"^dataset.transforms.train.crop=0 is invalid: allowed is an integer >= 1$"),
+    ("dataset.download=maybe", r"^dataset.download='maybe' is invalid"),
+    ("model=resnet50", None),
+    ("+model.depth=3", r"model 'lenet5' does not take option\(s\) depth"),
+    ("noise.rho=1.5", r"^noise.rho=1.5 is invalid: allowed is a number >= 0.0 and <= 1.0$"),
+])
+def test_every_bad_value_is_named_by_its_config_key(override, message):
+    if message is None:
+        assert settings(override).model.options == {"weights_path": None}
+        return
+    with pytest.raises(ConfigError, match=message):
+        settings(override)
+
+
+@pytest.mark.parametrize(("values", "message"), [
+    ({"num_cpus_per_client": 0.0}, r"num_cpus_per_client=0.0 is invalid"),
+    ({"num_cpus_per_client": 3.0, "ray_init_args": {"num_cpus": 2}}, r"num_cpus_per_client=3.0 is invalid"),
+    ({"num_gpus_per_client": -1.0}, r"num_gpus_per_client=-1.0 is invalid"),
+    ({"num_gpus_per_client": 1.0, "ray_init_args": {"num_gpus": 0}}, r"num_gpus_per_client=1.0 is invalid"),
+])
+def test_ray_resources_that_cannot_fit_are_refused_before_ray_could_start(values, message):
+    with pytest.raises(ConfigError, match=message):
+        SimulationSettings(**values)
+
+
+def test_the_strategy_block_is_checked_by_the_server_side_only():
+    """The ClientApp builds only the run settings; a strategy typo is the ServerApp's (and sim.py's) error."""
+    bad = compose_config(["strategy.t1=0"])
+    assert run_settings(bad).num_clients == 100
+    with pytest.raises(ConfigError, match=r"^strategy.t1=0 is invalid: allowed is an integer >= 1$"):
+        load_run(bad)
+
+
+def test_a_client_threads_follow_its_ray_cpus():
+    assert settings("simulation.num_cpus_per_client=2").client.num_threads == 2
+    assert settings("simulation.num_cpus_per_client=0.5").client.num_threads == 1
