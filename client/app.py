@@ -36,7 +36,6 @@ def train(message: Message, context: Context) -> Message:
     ins = read_instruction(message.content, TrainIns)
     method = client_method(ins.method)
     options = None if method.options is None else read_options(message.content, ins.method, method.options)
-    assert method.train is not None
     trained = method.train(node, context, read_arrays(message.content, SERVER), ins, options)
     content = reply(trained.stats, arrays=ArrayRecord(cpu_state(trained.model)), extra=trained.extra,
                     method=ins.method)

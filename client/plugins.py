@@ -43,22 +43,6 @@ QueryFn = Callable[[LocalNode, Context, RecordDict], RecordDict]
 """(node, context, the query's content) -> the reply's content."""
 
 
-@dataclass(frozen=True)
-class ClientMethod:
-    """A method's client-side work.
-
-    name: the method name in ``TrainIns.method`` (and the record key of its options and extras).
-    options: the dataclass of its train options (``protocol.<method>``); None: it takes none.
-    train: its local training (``plain_train`` for methods that only change the server's side).
-    queries: its own query actions (``correct`` -> ``query.correct``) and their handlers.
-    """
-
-    name: str
-    options: type | None = None
-    train: TrainFn | None = None
-    queries: Mapping[str, QueryFn] = field(default_factory=dict)
-
-
 def plain_train(node: LocalNode, context: Context, arrays: ArrayRecord, ins: TrainIns, options: Any) -> Trained:
     """Local SGD from the global arrays on the node's current (possibly corrected) labels."""
     model, stats = local_update(node, arrays.to_torch_state_dict(), ins.training, ins.server_round,
@@ -66,7 +50,23 @@ def plain_train(node: LocalNode, context: Context, arrays: ArrayRecord, ins: Tra
     return Trained(model, stats)
 
 
-PLAIN = ClientMethod("", train=plain_train)
+@dataclass(frozen=True)
+class ClientMethod:
+    """A method's client-side work.
+
+    name: the method name in ``TrainIns.method`` (and the record key of its options and extras).
+    options: the dataclass of its train options (``protocol.<method>``); None: it takes none.
+    train: its local training (default ``plain_train``: local SGD, for a method with only queries).
+    queries: its own query actions (``correct`` -> ``query.correct``) and their handlers.
+    """
+
+    name: str
+    options: type | None = None
+    train: TrainFn = plain_train
+    queries: Mapping[str, QueryFn] = field(default_factory=dict)
+
+
+PLAIN = ClientMethod("")
 
 
 @functools.cache

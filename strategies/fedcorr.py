@@ -337,9 +337,10 @@ class FedCorr(FederatedStrategy):
 
 
 def _parse(cfg: Mapping[str, Any], prefix: str) -> FedCorrSettings:
-    method = round_method(cfg.get("stage3", "fedavg"), f"{prefix}.stage3")
-    options_cfg = (cfg.get("stage3_options") or {}).get(cfg.get("stage3", "fedavg")) or {}
-    options = method.parse_options(options_cfg, f"{prefix}.stage3_options.{cfg.get('stage3')}")
+    stage3 = cfg.get("stage3", "fedavg")
+    method = round_method(stage3, f"{prefix}.stage3")
+    options_cfg = (cfg.get("stage3_options") or {}).get(stage3) or {}
+    options = method.parse_options(options_cfg, f"{prefix}.stage3_options.{stage3}")
     ablation = settings_from_mapping(FedCorrAblation, cfg.get("ablation") or {}, f"{prefix}.ablation")
     given = {"train": parse_training(cfg, prefix), "stage3_options": options, "ablation": ablation}
     return settings_from_mapping(FedCorrSettings, cfg, prefix, **given)
