@@ -1,25 +1,31 @@
-"""FedCorr vs FedAvg on noisy Fashion-MNIST (100 clients, IID, LeNet-5), at equal communication cost
-and each run to its plateau.
+"""FedCorr vs FedAvg on noisy Fashion-MNIST (100 clients, IID, LeNet-5), at equal communication cost,
+over seeds, with FedCorr variants beside them, and optionally each run to its plateau.
 
-    .venv/bin/python bench/fedcorr_fmnist.py [--settings 0.0,0.0 0.6,0.5 0.8,0.5] [--plateau-cap 150]
-                                             [--reuse] [-- Hydra overrides for every run ...]
+    .venv/bin/python bench/fedcorr_fmnist.py [--settings 0.0,0.0 0.6,0.5 0.8,0.5] [--seeds 1 2 3]
+                                             [--variant NAME OVERRIDE ...] [--variant-seeds 1]
+                                             [--plateau-cap 150] [--reuse] [-- Hydra overrides ...]
 
-For every (rho, tau) it runs FedCorr with conf/strategy/fedcorr.yaml and FedAvg with the same
-communication cost (client participations). With --plateau-cap R > 0 it also runs FedAvg for R rounds
-and FedCorr with R stage-3 rounds, and finds each one's plateau: the first round at which test
-accuracy moved less than 0.3 points over the previous 20 rounds (FedCorr: over its stage-3 rounds).
-FedCorr's sequential stage 1 does far more SGD per participation than FedAvg, so an equal-budget
-FedAvg can trail even on clean labels; the plateau runs tell how much. --reuse skips every run whose
-results.json under outputs/bench-fedcorr/ finished with the same config, so the benchmark resumes
-where it was stopped. Prints one table.
+For every (rho, tau) and seed it runs FedCorr with conf/strategy/fedcorr.yaml and FedAvg with the same
+communication cost (client participations); the seed sets the scene (partition, noise) and training.
+``--variant global-split strategy.split_losses=global`` adds a FedCorr column with those overrides,
+run for the ``--variant-seeds`` (default: the first seed); repeat --variant for more columns. With
+--plateau-cap R > 0 it also runs FedAvg for R rounds and FedCorr with R stage-3 rounds, and finds each
+one's plateau: the first round at which test accuracy moved less than 0.3 points over the previous 20
+rounds (FedCorr: over its stage-3 rounds). --reuse skips every run whose results.json under
+outputs/bench-fedcorr/ finished with the same config, so the benchmark resumes where it was stopped.
+Prints one table: per setting and column, mean ± std over its seeds (sample std; one seed: the value).
 """
 
 from __future__ import annotations
 
 import argparse
+import statistics
+from collections.abc import Callable
 from typing import Any
 
 from runs import ConfigError, accuracies, check_all, main_with_clear_errors, plateau, run
+
+PLATEAU_RUNS = ("fedavg-plateau", "fedcorr-plateau")
 
 
 def parse_setting(setting: str) -> tuple[str, str]:
@@ -31,6 +37,19 @@ def parse_setting(setting: str) -> tuple[str, str]:
     return rho, tau
 
 
+def parse_variants(variants: list[list[str]]) -> dict[str, list[str]]:
+    """``--variant NAME OVERRIDE ...`` entries as {name: overrides}; names must be new and folder-safe."""
+    parsed: dict[str, list[str]] = {}
+    for name, *overrides in variants:
+        if not name.replace("-", "").replace("_", "").isalnum() or name in ("fedcorr", "fedavg", *PLATEAU_RUNS):
+            raise ConfigError(f"--variant {name}={' '.join(overrides)} is invalid: allowed is a new column name "
+                              "of letters, digits, - and _, then Hydra overrides")
+        if not overrides or name in parsed:
+            raise ConfigError(f"--variant {name} is invalid: allowed is a name used once, then at least one override")
+        parsed[name] = overrides
+    return parsed
+
+
 def plateau_cell(payload: dict[str, Any] | None, stage: str | None) -> str:
     """A plateau run's table cell: best accuracy (%) and the plateau's round, or "-" without the run."""
     if payload is None:
@@ -40,53 +59,108 @@ def plateau_cell(payload: dict[str, Any] | None, stage: str | None) -> str:
     return f"{best:.2f} @{at}" if at is not None else f"{best:.2f} (none)"
 
 
+def spread(values: list[float | None], scale: float = 1.0, digits: int = 2) -> str:
+    """Mean ± sample std of the known values (one value: itself; none: "-")."""
+    known = [scale * value for value in values if value is not None]
+    if not known:
+        return "-"
+    if len(known) == 1:
+        return f"{known[0]:.{digits}f}"
+    return f"{statistics.mean(known):.{digits}f}±{statistics.stdev(known):.{digits}f}"
+
+
+def fedcorr_figure(run_payload: dict[str, Any], pick: Callable[[dict[str, Any]], float | None]) -> float | None:
+    """A figure of a run's ``fedcorr`` block (None for a run without one, or without the figure)."""
+    block = run_payload.get("fedcorr")
+    return pick(block) if block else None
+
+
+COLUMNS: dict[str, tuple[str, Callable[[dict[str, Any]], float | None], float, int]] = {
+    # header: (what, scale, digits)
+    "best %": ("best", lambda p: p["summary"]["best_acc"], 100, 2),
+    "final %": ("final", lambda p: p["summary"]["final_acc"], 100, 2),
+    "last10 %": ("last10", lambda p: p["summary"]["last10_mean_acc"], 100, 2),
+    "det. F1": ("f1", lambda p: fedcorr_figure(p, lambda b: (b["detection"] or {}).get("f1")), 1, 3),
+    "noise s1 %": ("s1", lambda p: fedcorr_figure(p, lambda b: b["label_noise"].get("after_stage1")), 100, 2),
+    "noise s2 %": ("s2", lambda p: fedcorr_figure(p, lambda b: b["label_noise"].get("after_stage2")), 100, 2),
+    "relabel prec.": ("prec", lambda p: fedcorr_figure(p, lambda b: b["relabel_precision"]), 1, 3),
+    "mu_hat MAE": ("mae", lambda p: fedcorr_figure(p, lambda b: b.get("noise_estimate_mae")), 1, 3),
+}
+
+
+def print_table(table: dict[str, dict[str, list[dict[str, Any]]]], seeds: dict[str, list[int]]) -> None:
+    """One line per (setting, column): mean ± std over that column's seeds."""
+    widths = {header: max(len(header), 13) for header in COLUMNS}
+    print(f"{'(rho, tau)':<11} {'column':<16} {'seeds':<7} {'comm':>5} "
+          + " ".join(f"{header:>{widths[header]}}" for header in COLUMNS))
+    for setting, columns in table.items():
+        for name, payloads in columns.items():
+            comm = sorted({p["summary"]["comm_cost"] for p in payloads})
+            cells = [f"{spread([pick(p) for p in payloads], scale, digits):>{widths[header]}}"
+                     for header, (_, pick, scale, digits) in COLUMNS.items()]
+            print(f"{setting:<11} {name:<16} {','.join(map(str, seeds[name])):<7} "
+                  f"{'/'.join(map(str, comm)):>5} " + " ".join(cells))
+
+
 def main() -> None:
-    """Run (or reuse) every setting's FedCorr, equal-cost FedAvg and plateau runs, and print the table."""
+    """Run (or reuse) every setting's and seed's runs, and print the table."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--settings", nargs="+", default=["0.0,0.0", "0.6,0.5", "0.8,0.5"])
+    parser.add_argument("--seeds", nargs="+", type=int, default=[1], help="seeds of FedCorr and FedAvg")
+    parser.add_argument("--variant", nargs="+", action="append", default=[], metavar="NAME_OR_OVERRIDE",
+                        help="a FedCorr column: a name, then Hydra overrides (repeatable)")
+    parser.add_argument("--variant-seeds", nargs="+", type=int, default=None,
+                        help="seeds of the --variant columns (default: the first of --seeds)")
     parser.add_argument("--plateau-cap", type=int, default=0,
                         help="FedAvg rounds / FedCorr stage-3 rounds of the plateau runs (0: skip them)")
     parser.add_argument("--reuse", action="store_true", help="reuse finished runs with the same config")
     parser.add_argument("overrides", nargs="*", default=[])
     args = parser.parse_args()
-    base = ["experiment=fmnist", *args.overrides]
+    variants = parse_variants(args.variant)
+    variant_seeds = args.variant_seeds or args.seeds[:1]
     settings = [parse_setting(setting) for setting in args.settings]
-    scenes = {f"({rho}, {tau})": ([*base, "noise=fedcorr", f"noise.rho={rho}", f"noise.tau={tau}"],
-                                  f"outputs/bench-fedcorr/rho{rho}-tau{tau}") for rho, tau in settings}
-    plateau_runs = {}
-    if args.plateau_cap:
-        plateau_runs = {"fedavg-plateau": ["strategy=fedavg", f"strategy.num_rounds={args.plateau_cap}"],
-                        "fedcorr-plateau": ["strategy=fedcorr", f"strategy.t3={args.plateau_cap}"]}
-    # FedAvg's equal-cost run is planned after FedCorr's cost is known, so it is checked when it starts.
-    check_all([[*scene, *choice, f"out_dir={tag}/{name}"] for scene, tag in scenes.values()
-               for name, choice in {"fedcorr": ["strategy=fedcorr"], **plateau_runs}.items()], args.reuse)
-    rows = []
-    for setting, (scene, tag) in scenes.items():
-        fedcorr = run([*scene, "strategy=fedcorr", f"out_dir={tag}/fedcorr"], args.reuse)
-        cost, clients = fedcorr["summary"]["comm_cost"], fedcorr["config"]["num_clients"]
-        per_round = max(1, round(fedcorr["config"]["strategy"]["frac2"] * clients))
-        fedavg = run([*scene, "strategy=fedavg", f"strategy.fraction={per_round / clients}",
-                      f"strategy.num_rounds={cost // per_round}", f"out_dir={tag}/fedavg"], args.reuse)
-        row = {"setting": setting, "fedcorr": fedcorr, "fedavg": fedavg, "fedcorr_plateau": None,
-               "fedavg_plateau": None}
-        for name, choice in plateau_runs.items():
-            row[name.replace("-", "_")] = run([*scene, *choice, f"out_dir={tag}/{name}"], args.reuse)
-        rows.append(row)
 
-    strategy = rows[0]["fedcorr"]["config"]["strategy"]
-    print(f"\nFashion-MNIST, 100 clients IID, LeNet-5; FedCorr {strategy['t1']}/{strategy['t2']}/{strategy['t3']} "
-          f"(T1/T2/T3); FedAvg at the same communication cost; plateau runs: best % @ plateau round")
-    print(f"{'(rho, tau)':<11} {'comm':>5} {'FedCorr best/final':>19} {'FedAvg best/final':>18} "
-          f"{'FedCorr plateau':>16} {'FedAvg plateau':>15} {'det. F1':>7} {'noise before -> after':>22}")
-    for row in rows:
-        fc, fa = row["fedcorr"], row["fedavg"]
-        block = fc["fedcorr"]
-        noise = block["label_noise"]
-        print(f"{row['setting']:<11} {fc['summary']['comm_cost']:>5} "
-              f"{100 * fc['summary']['best_acc']:>8.2f}/{100 * fc['summary']['final_acc']:<8.2f} "
-              f"{100 * fa['summary']['best_acc']:>8.2f}/{100 * fa['summary']['final_acc']:<8.2f} "
-              f"{plateau_cell(row['fedcorr_plateau'], 'usual'):>16} {plateau_cell(row['fedavg_plateau'], None):>15} "
-              f"{block['detection']['f1']:>7.3f} {noise['before']:>9.4f} -> {noise['after_stage2']:<9.4f}")
+    def scene(rho: str, tau: str, seed: int) -> tuple[list[str], str]:
+        overrides = ["experiment=fmnist", *args.overrides, f"seed={seed}", "noise=fedcorr",
+                     f"noise.rho={rho}", f"noise.tau={tau}"]
+        return overrides, f"outputs/bench-fedcorr/rho{rho}-tau{tau}/seed{seed}"
+
+    fedcorr_runs = {"fedcorr": (["strategy=fedcorr"], args.seeds)}
+    fedcorr_runs |= {name: (["strategy=fedcorr", *overrides], variant_seeds) for name, overrides in variants.items()}
+    if args.plateau_cap:
+        fedcorr_runs |= {"fedavg-plateau": (["strategy=fedavg", f"strategy.num_rounds={args.plateau_cap}"], args.seeds),
+                         "fedcorr-plateau": (["strategy=fedcorr", f"strategy.t3={args.plateau_cap}"], args.seeds)}
+    # FedAvg's equal-cost run is planned after FedCorr's cost is known, so it is checked when it starts.
+    check_all([[*scene(rho, tau, seed)[0], *choice, f"out_dir={scene(rho, tau, seed)[1]}/{name}"]
+               for rho, tau in settings for name, (choice, seeds) in fedcorr_runs.items() for seed in seeds],
+              args.reuse)
+    seeds_of = {"fedcorr": args.seeds, "fedavg": args.seeds, **{name: s for name, (_, s) in fedcorr_runs.items()}}
+    table: dict[str, dict[str, list[dict[str, Any]]]] = {}
+    for rho, tau in settings:
+        columns: dict[str, list[dict[str, Any]]] = {name: [] for name in seeds_of}
+        for seed in sorted(set(args.seeds) | set(variant_seeds)):
+            overrides, tag = scene(rho, tau, seed)
+            for name, (choice, seeds) in fedcorr_runs.items():
+                if seed in seeds:
+                    columns[name].append(run([*overrides, *choice, f"out_dir={tag}/{name}"], args.reuse))
+            if seed in args.seeds:
+                fedcorr = columns["fedcorr"][-1]
+                cost, clients = fedcorr["summary"]["comm_cost"], fedcorr["config"]["num_clients"]
+                per_round = max(1, round(fedcorr["config"]["strategy"]["frac2"] * clients))
+                columns["fedavg"].append(run([*overrides, "strategy=fedavg", f"strategy.fraction={per_round / clients}",
+                                              f"strategy.num_rounds={cost // per_round}", f"out_dir={tag}/fedavg"],
+                                             args.reuse))
+        table[f"({rho}, {tau})"] = columns
+
+    first = table[next(iter(table))]["fedcorr"][0]["config"]["strategy"]
+    print(f"\nFashion-MNIST, 100 clients IID, LeNet-5; FedCorr {first['t1']}/{first['t2']}/{first['t3']} (T1/T2/T3); "
+          "FedAvg at the same communication cost; mean ± sample std over the seeds listed")
+    print_table(table, seeds_of)
+    if args.plateau_cap:
+        print("\nplateau runs (first seed): best % @ plateau round")
+        for setting, columns in table.items():
+            print(f"{setting:<11} FedCorr {plateau_cell(columns['fedcorr-plateau'][0], 'usual'):>16}  "
+                  f"FedAvg {plateau_cell(columns['fedavg-plateau'][0], None):>15}")
 
 
 if __name__ == "__main__":

@@ -1,7 +1,8 @@
 """FedCorr's messages: the stage-1 train options (LID), its reply extra, and ``query.correct``.
 
 - ``train`` with method ``fedcorr`` and ``Stage1Options``: after local training the client returns
-  the LID score of its local model's predictions (``LidScore`` under ``fedcorr``).
+  the LID score of its local model's predictions (``LidScore`` under ``fedcorr``) and, when asked,
+  keeps that model's per-sample losses as its state (they never leave it).
 - ``query.correct`` (arrays: the global model) with ``CorrectIns`` -> ``CorrectRes``: the client
   estimates its noise level (stage 1) and relabels, keeping the new labels as its state. Only counts
   and mu_hat leave the client; ``Diagnostics`` (ground-truth counts) only in simulation.
@@ -18,13 +19,18 @@ from common.validation import Choice, Integer, Number, check_fields, rule
 METHOD = "fedcorr"
 CORRECT = f"{MessageType.QUERY}.correct"
 MODES = ("stage1", "stage2")
+# Whose per-sample losses a step uses: the client's local model right after its stage-1 training, or
+# the global model the correction query carries.
+LOSS_MODELS = ("local", "global")
 
 
 @dataclass(frozen=True)
 class Stage1Options:
-    """Stage-1 train options: compute the LID score with ``lid_k`` neighbours after training."""
+    """Stage-1 train options: compute the LID score with ``lid_k`` neighbours after training; with
+    ``keep_losses`` also keep the trained model's per-sample losses (client state) for the correction."""
 
     lid_k: int = field(metadata=rule(Integer(low=1)))
+    keep_losses: bool = False
 
     def __post_init__(self) -> None:
         check_fields(self)
@@ -45,6 +51,11 @@ class CorrectIns:
         ``stage2`` (relabel every confident sample, Sec. 3.3).
     pi: relabel ratio; theta: confidence threshold.
     relabel: False keeps the labels (Table 6's ablation) but still estimates mu_hat.
+    split_losses: whose losses the stage-1 GMM splits (``local``: the losses the client kept after
+        its stage-1 training, Sec. 3.2; ``global``: the global model's).
+    rank_losses: whose losses rank D_n for the top pi (``global``: eq. (6); ``local``).
+    losses_since: the first round of this stage-1 iteration; kept local losses from an earlier
+        round are stale (the client did not train in this iteration) and refused.
     seed: the run's seed (the client derives its loss-GMM seed from it and its partition id).
     diagnostics: return ground-truth counts where the node knows its true labels (simulation).
     """
@@ -53,6 +64,9 @@ class CorrectIns:
     pi: float = field(metadata=rule(Number(low=0.0, high=1.0)))
     theta: float = field(metadata=rule(Number(low=0.0, high=1.0)))
     relabel: bool = True
+    split_losses: str = field(default="local", metadata=rule(Choice(LOSS_MODELS)))
+    rank_losses: str = field(default="global", metadata=rule(Choice(LOSS_MODELS)))
+    losses_since: int = field(default=0, metadata=rule(Integer(low=0)))
     seed: int = field(default=0, metadata=rule(Integer(low=0)))
     diagnostics: bool = False
 

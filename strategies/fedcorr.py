@@ -31,10 +31,10 @@ from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDic
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Result
 
-from common.mixture import high_component
+from common.mixture import GUARDS, high_component
 from common.validation import Choice, Flag, Integer, Nullable, Number, check_fields, rule, settings_from_mapping
 from protocol.codec import ProtocolError
-from protocol.fedcorr import CORRECT, METHOD, CorrectIns, CorrectRes, LidScore, Stage1Options
+from protocol.fedcorr import CORRECT, LOSS_MODELS, METHOD, CorrectIns, CorrectRes, LidScore, Stage1Options
 from protocol.messages import TRAIN, TrainIns, instruction, read_extra, read_reply
 from strategies.base import FederatedStrategy, TrainReply
 from strategies.environment import Environment
@@ -83,6 +83,11 @@ class FedCorrSettings:
     beta: weight of the adaptive proximal term (5); prox_norm: squared (eq. 5) | l2.
     lid_k: neighbours for the LID estimate (20); mixup_alpha: mixup's Beta(alpha, alpha) (1).
     pi: relabel ratio; theta: confidence threshold; kappa: clean-client threshold on mu_hat (0.1).
+    split_losses: whose per-sample losses the noisy-subset GMM splits: ``local`` (the client's model
+        right after its stage-1 training, Sec. 3.2) | ``global`` (the end-of-iteration global model).
+    rank_losses: whose losses pick the top pi of D_n: ``global`` (eq. 6) | ``local`` (released code).
+    client_split_guard: ``none`` (the paper: always split the cumulative LID) | ``bic`` |
+        ``separation`` (decline the split when the scores look like one population; common.mixture).
     stage3: the stage-3 strategy (a round-based one); stage3_options: its options.
     ablation: Table 6's switches.
     """
@@ -100,6 +105,9 @@ class FedCorrSettings:
     pi: float = field(metadata=rule(Number(low=0.0, high=1.0)))
     theta: float = field(metadata=rule(Number(low=0.0, high=1.0)))
     kappa: float = field(metadata=rule(Number(low=0.0, high=1.0)))
+    split_losses: str = field(default="local", metadata=rule(Choice(LOSS_MODELS)))
+    rank_losses: str = field(default="global", metadata=rule(Choice(LOSS_MODELS)))
+    client_split_guard: str = field(default="none", metadata=rule(Choice(GUARDS)))
     stage3: str = "fedavg"
     stage3_options: Any = None
     ablation: FedCorrAblation = FedCorrAblation()
@@ -158,6 +166,7 @@ class FedCorr(FederatedStrategy):
         self.clean: list[int] = []
         self._chunks: list[list[int]] = []  # this iteration's rounds, in order
         self._next_chunk = 0
+        self._iteration_start = 0  # the first round of the current stage-1 iteration
         self._lid: dict[int, float] = {}
         self._finetune_left = 0
         self._grid: Grid | None = None
@@ -211,6 +220,7 @@ class FedCorr(FederatedStrategy):
                 order = [int(pid) for pid in self.rng.permutation(clients)]
                 m1 = self.settings.stage1_round_size(len(clients))
                 self._chunks = [order[start:start + m1] for start in range(0, len(order), m1)]
+                self._iteration_start = server_round
             chunk = self._chunks[self._next_chunk]
             self._next_chunk += 1
             return self.messages({pid: self._stage1_content(server_round, arrays, pid) for pid in chunk}, TRAIN)
@@ -252,8 +262,9 @@ class FedCorr(FederatedStrategy):
             prox_weight=s.beta * self.mu_hat[pid] if ablation.local_proximal else 0.0,
             prox_norm=s.prox_norm,
         )
+        options = Stage1Options(lid_k=s.lid_k, keep_losses="local" in (s.split_losses, s.rank_losses))
         return instruction(TrainIns(server_round, training, method=METHOD), arrays=arrays,
-                           options=Stage1Options(lid_k=s.lid_k), method=METHOD)
+                           options=options, method=METHOD)
 
     def _read_stage1(self, content: RecordDict, sender: str) -> TrainReply:
         reply = self.read_train(content, sender)
@@ -273,9 +284,14 @@ class FedCorr(FederatedStrategy):
         self._chunks, self._next_chunk, self._lid = [], 0, {}
 
     def _split_clients(self, cumulative: Mapping[int, float]) -> list[int]:
-        """The clients in the higher-mean GMM component of the cumulative LID scores."""
+        """The clients in the higher-mean GMM component of the cumulative LID scores (none when the
+        guard, if any, finds one population)."""
         pids = sorted(cumulative)
-        flagged = high_component(np.array([cumulative[pid] for pid in pids]), seed=self.seed)
+        guard = self.settings.client_split_guard
+        flagged = high_component(np.array([cumulative[pid] for pid in pids]), seed=self.seed, guard=guard)
+        if guard != "none" and not flagged.any():
+            log.info("FedCorr: the %s guard finds one population in the cumulative LID; no client is flagged",
+                     guard)
         return [pid for pid, is_noisy in zip(pids, flagged) if is_noisy]
 
     # --- stage 2 -------------------------------------------------------------------------------
@@ -321,8 +337,9 @@ class FedCorr(FederatedStrategy):
             return {}
         assert self._grid is not None and self.monitor is not None
         s = self.settings
-        ins = CorrectIns(mode=mode, pi=s.pi, theta=s.theta, relabel=s.ablation.correction, seed=self.seed,
-                         diagnostics=self.truth is not None)
+        ins = CorrectIns(mode=mode, pi=s.pi, theta=s.theta, relabel=s.ablation.correction,
+                         split_losses=s.split_losses, rank_losses=s.rank_losses,
+                         losses_since=self._iteration_start, seed=self.seed, diagnostics=self.truth is not None)
         content = instruction(ins, arrays=arrays)
 
         def read(reply: RecordDict, sender: str) -> CorrectRes:

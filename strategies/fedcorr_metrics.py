@@ -1,7 +1,10 @@
 """FedCorr's detection and correction metrics against the scene's ground truth (simulation only).
 
 A deployed server has no ground truth: then only what FedCorr itself estimates (LID scores, the
-detected clients, mu_hat) is recorded.
+detected clients, mu_hat) is recorded. On a dataset whose labels are noisy themselves (real noise,
+``GroundTruth.real_noise``) no client is noisy by construction: detection is not applicable and is
+reported as null with the reason, and the label-noise figures count the samples with a known true
+label only (``label_noise_measured_on`` names them).
 """
 
 from __future__ import annotations
@@ -14,6 +17,9 @@ import numpy as np
 from protocol.fedcorr import CorrectRes
 from strategies.ground_truth import GroundTruth
 
+REAL_NOISE_REASON = ("the dataset's labels are noisy themselves (real noise): no client is noisy by construction, "
+                     "so there are no truly noisy clients to score detection against")
+
 
 def detection_scores(detected: Iterable[int], truth: Iterable[int]) -> dict[str, float]:
     """Precision, recall and F1 of the detected noisy clients (1.0 where nothing was to be found)."""
@@ -25,14 +31,30 @@ def detection_scores(detected: Iterable[int], truth: Iterable[int]) -> dict[str,
     return {"precision": precision, "recall": recall, "f1": f1}
 
 
+def mean_abs_error(estimates: Mapping[int, float], truth: Mapping[int, float]) -> float | None:
+    """Mean |estimate - truth| over the clients whose truth is known (None if none is)."""
+    errors = [abs(estimates[k] - truth[k]) for k in estimates if np.isfinite(truth[k])]
+    return float(np.mean(errors)) if errors else None
+
+
 class FedCorrMonitor:
-    """Follows one FedCorr run: per-iteration LID and detection, label noise after each stage,
-    and how precise the relabelling was. ``results()`` is the ``fedcorr`` block of results.json."""
+    """Follows one FedCorr run: per-iteration LID, detection and noise-estimate error, label noise
+    after each stage, and how precise the relabelling was. ``results()`` is the ``fedcorr`` block of
+    results.json.
+
+    Two noise-estimate errors, per iteration and client: against the true noise of the labels mu_hat
+    was estimated on (the client's labels after the corrections of earlier iterations: what mu_hat
+    estimates), and against the noise before any correction (``_original``), which also counts the
+    earlier iterations' corrections as error.
+    """
 
     def __init__(self, clients: list[int], truth: GroundTruth | None) -> None:
         self.clients = list(clients)
         self.truth = truth
+        # The true noise of each client's current labels; the clients' diagnostics update it.
         self.noise = dict(truth.true_noise) if truth else {}
+        self.estimated_on: dict[int, float] = {}
+        self._before_correction: dict[int, float] = {}
         self.iterations: list[dict[str, Any]] = []
         self.detected: list[int] = []
         self.cumulative: dict[int, float] = {}
@@ -43,10 +65,17 @@ class FedCorrMonitor:
         self.label_noise: dict[str, float | None] = {"before": self._overall_noise()}
 
     def _overall_noise(self) -> float | None:
+        """The share of wrong labels over every sample with a known true label."""
         if not self.truth:
             return None
-        total = sum(self.truth.sizes[k] for k in self.clients)
-        return sum(self.noise[k] * self.truth.sizes[k] for k in self.clients) / total
+        counted = [k for k in self.clients if self.truth.known[k] > 0]
+        total = sum(self.truth.known[k] for k in counted)
+        return sum(self.noise[k] * self.truth.known[k] for k in counted) / total if total else None
+
+    def _detection(self, detected: Iterable[int]) -> dict[str, float] | None:
+        if not self.truth or self.truth.real_noise:
+            return None
+        return detection_scores(detected, self.truth.noisy_clients)
 
     def end_iteration(
         self,
@@ -57,7 +86,8 @@ class FedCorrMonitor:
         mu_hat: Mapping[int, float],
     ) -> None:
         """Record a finished stage-1 iteration (LID, detected clients, mu_hat) and print its line,
-        with detection scores and label noise when there is ground truth."""
+        with detection, noise-estimate error and label noise when there is ground truth. Call it
+        after the iteration's ``corrected``."""
         self.detected, self.cumulative, self.mu_hat = list(detected), dict(cumulative), dict(mu_hat)
         record: dict[str, Any] = {
             "iteration": iteration,
@@ -68,11 +98,22 @@ class FedCorrMonitor:
         }
         line = f"[fedcorr] stage 1 iteration {iteration}: {len(detected)} clients detected noisy"
         if self.truth:
-            record["detection"] = detection_scores(detected, self.truth.noisy_clients)
+            # A client corrected now was estimated on its labels before this correction; any other
+            # client's labels did not change in this iteration.
+            self.estimated_on = {k: self._before_correction.get(k, self.noise[k]) for k in self.clients}
+            estimates = {k: self.mu_hat.get(k, 0.0) for k in self.clients}
+            record["noise_estimate_mae"] = mean_abs_error(estimates, self.estimated_on)
+            record["noise_estimate_mae_original"] = mean_abs_error(estimates, self.truth.true_noise)
+            record["detection"] = self._detection(detected)
             record["label_noise"] = self._overall_noise()
             d = record["detection"]
-            line += (f" (precision {d['precision']:.3f}, recall {d['recall']:.3f}, F1 {d['f1']:.3f});"
-                     f" label noise {record['label_noise']:.4f}")
+            if d is not None:
+                line += f" (precision {d['precision']:.3f}, recall {d['recall']:.3f}, F1 {d['f1']:.3f})"
+            if record["noise_estimate_mae"] is not None:
+                line += f"; mu_hat MAE {record['noise_estimate_mae']:.4f}"
+            if record["label_noise"] is not None:
+                line += f"; label noise {record['label_noise']:.4f}"
+        self._before_correction = {}
         self.iterations.append(record)
         print(line, flush=True)
 
@@ -81,6 +122,7 @@ class FedCorrMonitor:
         for pid, res in replies.items():
             counts = res.diagnostics
             if counts is not None and counts.known > 0:
+                self._before_correction[pid] = counts.wrong_before / counts.known
                 self.noise[pid] = counts.wrong_after / counts.known
                 self.changed += counts.changed
                 self.changed_correct += counts.changed_correct
@@ -91,10 +133,11 @@ class FedCorrMonitor:
 
     def end_stage(self, key: str) -> None:
         """Record the label noise under ``key`` when a stage ends, and print it with ground truth."""
+        self._before_correction = {}
         self.label_noise[key] = self._overall_noise()
-        if self.truth:
-            print(f"[fedcorr] label noise over all samples {key.replace('_', ' ')}: {self.label_noise[key]:.4f}",
-                  flush=True)
+        if self.truth and self.label_noise[key] is not None:
+            print(f"[fedcorr] label noise over {self.truth.label_subset()} {key.replace('_', ' ')}: "
+                  f"{self.label_noise[key]:.4f}", flush=True)
 
     def client_rows(self) -> list[dict[str, Any]]:
         """One row per client for fedcorr_clients.csv."""
@@ -108,8 +151,17 @@ class FedCorrMonitor:
                 "finetuned": pid in set(self.clean),
             }
             if self.truth:
-                row.update({"n": self.truth.sizes[pid], "true_noisy": pid in self.truth.noisy_clients,
-                            "true_noise_before": self.truth.true_noise[pid], "true_noise_after": self.noise[pid]})
+                estimate = self.mu_hat.get(pid, 0.0)
+                on = self.estimated_on.get(pid, self.truth.true_noise[pid])
+                original = self.truth.true_noise[pid]
+                row.update({
+                    "n": self.truth.sizes[pid], "n_known": self.truth.known[pid],
+                    "true_noisy": None if self.truth.real_noise else pid in self.truth.noisy_clients,
+                    "true_noise_before": original, "true_noise_estimated_on": on,
+                    "true_noise_after": self.noise[pid],
+                    "mu_hat_error": abs(estimate - on) if np.isfinite(on) else None,
+                    "mu_hat_error_original": abs(estimate - original) if np.isfinite(original) else None,
+                })
             rows.append(row)
         return rows
 
@@ -122,12 +174,16 @@ class FedCorrMonitor:
             "clients": self.client_rows(),
         }
         if self.truth:
-            errors = [abs(self.mu_hat.get(k, 0.0) - self.truth.true_noise[k]) for k in self.clients]
+            estimates = {k: self.mu_hat.get(k, 0.0) for k in self.clients}
+            real = self.truth.real_noise
             block.update({
-                "true_noisy_clients": sorted(self.truth.noisy_clients),
-                "detection": detection_scores(self.detected, self.truth.noisy_clients),
-                "noise_estimate_mae": float(np.mean(errors)),
+                "true_noisy_clients": None if real else sorted(self.truth.noisy_clients),
+                "detection": self._detection(self.detected),
+                "detection_not_applicable": REAL_NOISE_REASON if real else None,
+                "noise_estimate_mae": mean_abs_error(estimates, self.estimated_on or self.truth.true_noise),
+                "noise_estimate_mae_original": mean_abs_error(estimates, self.truth.true_noise),
                 "label_noise": dict(self.label_noise),
+                "label_noise_measured_on": self.truth.label_subset(),
                 "relabel_precision": self.changed_correct / self.changed if self.changed else None,
                 "relabeled": self.changed,
             })

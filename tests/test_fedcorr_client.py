@@ -23,6 +23,12 @@ def run(prepared_run):
     return prepared_run("experiment=smoke strategy=fedcorr noise.rho=1.0 noise.tau=0.5")
 
 
+def train_stage1(incoming, context: Context, arrays, server_round: int = 1, keep_losses: bool = True):
+    content = instruction(TrainIns(server_round, TRAINING, method="fedcorr"), arrays=arrays,
+                          options=Stage1Options(lid_k=20, keep_losses=keep_losses), method="fedcorr")
+    return client_app.train(incoming(content, "train"), context)
+
+
 def correct(incoming, context: Context, arrays, **changes) -> CorrectRes:
     settings = {"mode": "stage1", "pi": 0.5, "theta": 0.5, "relabel": True, "seed": 1, "diagnostics": True, **changes}
     content = instruction(CorrectIns(**settings), arrays=arrays)
@@ -40,7 +46,9 @@ def test_stage1_training_reports_a_finite_lid(run, incoming, node_context):
 
 def test_stage1_correction_estimates_noise_and_reports_diagnostics(run, incoming, node_context):
     overrides, scene, arrays = run
-    res = correct(incoming, node_context(overrides, 3), arrays)
+    context = node_context(overrides, 3)
+    train_stage1(incoming, context, arrays)
+    res = correct(incoming, context, arrays)
     assert res.mu_hat is not None and 0.0 <= res.mu_hat <= 1.0
     counts = res.diagnostics
     assert counts is not None and counts.known == scene.client_sizes()[3]
@@ -50,8 +58,10 @@ def test_stage1_correction_estimates_noise_and_reports_diagnostics(run, incoming
 
 def test_without_diagnostics_only_counts_and_mu_hat_leave_the_client(run, incoming, node_context):
     overrides, _, arrays = run
+    context = node_context(overrides, 4)
+    train_stage1(incoming, context, arrays)
     content = instruction(CorrectIns(mode="stage1", pi=0.5, theta=0.5, seed=1), arrays=arrays)
-    reply = client_app.app(incoming(content, "query.correct"), node_context(overrides, 4)).content
+    reply = client_app.app(incoming(content, "query.correct"), context).content
     assert set(reply) == {"metrics"} and set(reply["metrics"]) == {"n-relabeled", "mu-hat"}
 
 

@@ -1,12 +1,16 @@
 """FedCorr's client side: the LID score after stage-1 training, and label correction (``query.correct``).
 
 Stage 1 (Sec. 3.2): after local training the client reports the LID score of its local model's
-predictions on its local set (eq. 2). When the server flags it noisy, ``query.correct`` (stage1)
-fits a 2-component GMM on the global model's per-sample losses to find the noisy subset D_n,
-estimates mu_hat = |D_n| / n_k, and relabels the top floor(pi |D_n|) of D_n by loss whose global
-max-probability is >= theta (eqs. 6-7). End of stage 2 (Sec. 3.3): ``query.correct`` (stage2)
-relabels every confident sample. The corrected labels stay on the client (``client.label_state``);
-only counts and mu_hat leave it, and the ground-truth counts only when the node knows its truth.
+predictions on its local set (eq. 2) and keeps that model's per-sample losses ("every client will
+compute the LID score and per-sample loss for its current local model"). When the server flags it
+noisy, ``query.correct`` (stage1) fits a 2-component GMM on those local losses to find the noisy
+subset D_n, estimates mu_hat = |D_n| / n_k, and relabels the top floor(pi |D_n|) of D_n by the
+global model's loss (eq. 6) whose global max-probability is >= theta (eq. 7). Switches
+(``CorrectIns.split_losses`` / ``rank_losses``) take either step's losses from the other model
+instead. End of stage 2 (Sec. 3.3): ``query.correct`` (stage2) relabels every confident sample.
+The corrected labels and the kept losses stay on the client (``client.label_state``, persisted with
+a ``state-dir``); only counts and mu_hat leave it, and the ground-truth counts only when the node
+knows its truth.
 """
 
 from __future__ import annotations
@@ -14,7 +18,7 @@ from __future__ import annotations
 import numpy as np
 from flwr.app import ArrayRecord, Context, RecordDict
 
-from client.label_state import current_labels, store_labels
+from client.label_state import current_labels, load_local_losses, store_labels, store_local_losses
 from client.node import LocalNode
 from client.plugins import ClientMethod, Trained, plain_train
 from common.seeding import rng_for
@@ -22,16 +26,20 @@ from protocol.fedcorr import METHOD as NAME
 from protocol.fedcorr import CorrectIns, CorrectRes, Diagnostics, LidScore, Stage1Options
 from protocol.messages import TrainIns, read_arrays, read_instruction, reply
 from task.correction import loss_split, stage1_relabel, stage2_relabel
-from task.evaluation import loss_and_proba, predict_proba
+from task.evaluation import loss_and_proba
 from task.lid import lid_score
 
 
 def stage1_train(node: LocalNode, context: Context, arrays: ArrayRecord, ins: TrainIns,
                  options: Stage1Options) -> Trained:
     """Local training (mixup and the proximal term come in ``ins.training``), then the LID score of
-    the trained model's softmax outputs on the local set (evaluation transforms)."""
+    the trained model's softmax outputs on the local set (evaluation transforms); with
+    ``options.keep_losses`` the same pass's per-sample losses on the current labels are kept."""
     trained = plain_train(node, context, arrays, ins, None)
-    probabilities = predict_proba(trained.model, node.data.images, node.eval_transform, device=node.device)
+    losses, probabilities = loss_and_proba(trained.model, node.data.images, current_labels(context, node),
+                                           node.eval_transform, device=node.device)
+    if options.keep_losses:
+        store_local_losses(context, node, losses, ins.server_round)
     return Trained(trained.model, trained.stats, LidScore(lid_score(probabilities, k=options.lid_k)))
 
 
@@ -51,7 +59,7 @@ def diagnostics(node: LocalNode, before: np.ndarray, after: np.ndarray) -> Diagn
 
 
 def correct(node: LocalNode, context: Context, content: RecordDict) -> RecordDict:
-    """FedCorr's label correction with the global model (Sec. 3.2 steps 2-3, Sec. 3.3)."""
+    """FedCorr's label correction (Sec. 3.2 steps 2-3, Sec. 3.3): new labels from the global model."""
     ins = read_instruction(content, CorrectIns)
     model = node.new_model()
     model.load_state_dict(read_arrays(content, "the server").to_torch_state_dict())
@@ -59,9 +67,15 @@ def correct(node: LocalNode, context: Context, content: RecordDict) -> RecordDic
     losses, probabilities = loss_and_proba(model, node.data.images, labels, node.eval_transform, device=node.device)
     mu_hat = None
     if ins.mode == "stage1":
+        def losses_of(model_name: str) -> np.ndarray:
+            if model_name == "global":
+                return losses
+            return load_local_losses(context, node, since_round=ins.losses_since)
+
         seed = int(rng_for(ins.seed, f"loss-gmm/{node.partition_id}").integers(2**31))
-        noisy = loss_split(losses, seed)
-        new, mu_hat, _ = stage1_relabel(labels, losses, probabilities, noisy, pi=ins.pi, theta=ins.theta)
+        noisy = loss_split(losses_of(ins.split_losses), seed)
+        new, mu_hat, _ = stage1_relabel(labels, losses_of(ins.rank_losses), probabilities, noisy,
+                                        pi=ins.pi, theta=ins.theta)
     else:
         new, _ = stage2_relabel(labels, probabilities, theta=ins.theta)
     if not ins.relabel:
