@@ -19,20 +19,19 @@ Prints one table: per setting and column, mean ± std over its seeds (sample std
 from __future__ import annotations
 
 import argparse
-import statistics
 from collections.abc import Callable
 from typing import Any
 
-from runs import ConfigError, accuracies, check_all, main_with_clear_errors, plateau, run
+from runs import ConfigError, accuracies, check_all, fedcorr_figure, main_with_clear_errors, plateau, run, spread
 
 PLATEAU_RUNS = ("fedavg-plateau", "fedcorr-plateau")
 
 
-def parse_setting(setting: str) -> tuple[str, str]:
+def parse_setting(setting: str, option: str = "--settings") -> tuple[str, str]:
     """(rho, tau) of a ``--settings`` entry such as ``0.6,0.5``."""
     rho, sep, tau = setting.partition(",")
     if not sep:
-        raise ConfigError(f"--settings {setting!r} is invalid: allowed is rho,tau such as 0.6,0.5 "
+        raise ConfigError(f"{option} {setting!r} is invalid: allowed is rho,tau such as 0.6,0.5 "
                           "(Hydra overrides go before the options or after --)")
     return rho, tau
 
@@ -57,22 +56,6 @@ def plateau_cell(payload: dict[str, Any] | None, stage: str | None) -> str:
     at, _ = plateau(accuracies(payload, stage))
     best = 100 * max(accuracies(payload, stage))
     return f"{best:.2f} @{at}" if at is not None else f"{best:.2f} (none)"
-
-
-def spread(values: list[float | None], scale: float = 1.0, digits: int = 2) -> str:
-    """Mean ± sample std of the known values (one value: itself; none: "-")."""
-    known = [scale * value for value in values if value is not None]
-    if not known:
-        return "-"
-    if len(known) == 1:
-        return f"{known[0]:.{digits}f}"
-    return f"{statistics.mean(known):.{digits}f}±{statistics.stdev(known):.{digits}f}"
-
-
-def fedcorr_figure(run_payload: dict[str, Any], pick: Callable[[dict[str, Any]], float | None]) -> float | None:
-    """A figure of a run's ``fedcorr`` block (None for a run without one, or without the figure)."""
-    block = run_payload.get("fedcorr")
-    return pick(block) if block else None
 
 
 COLUMNS: dict[str, tuple[str, Callable[[dict[str, Any]], float | None], float, int]] = {

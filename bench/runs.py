@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import statistics
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -115,3 +116,19 @@ def accuracies(payload: dict[str, Any], stage: str | None = None) -> list[float]
     """The evaluated test accuracies of a run, optionally of one stage only."""
     return [r["test_acc"] for r in payload["rounds"]
             if r["test_acc"] is not None and (stage is None or r["stage"] == stage)]
+
+
+def spread(values: list[float | None], scale: float = 1.0, digits: int = 2) -> str:
+    """Mean ± sample std of the known values (one value: itself; none: "-")."""
+    known = [scale * value for value in values if value is not None]
+    if not known:
+        return "-"
+    if len(known) == 1:
+        return f"{known[0]:.{digits}f}"
+    return f"{statistics.mean(known):.{digits}f}±{statistics.stdev(known):.{digits}f}"
+
+
+def fedcorr_figure(run_payload: dict[str, Any], pick: Callable[[dict[str, Any]], float | None]) -> float | None:
+    """A figure of a run's ``fedcorr`` block (None for a run without one, or without the figure)."""
+    block = run_payload.get("fedcorr")
+    return pick(block) if block else None

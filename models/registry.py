@@ -10,7 +10,7 @@ from torch import nn
 from common.errors import ConfigError
 from models.cnn9 import CNN9
 from models.lenet import LeNet5
-from models.resnet50 import resnet50
+from models.resnet50 import check_resnet50_options, resnet50
 from models.resnet_cifar import resnet18, resnet34
 from models.small_cnn import SmallCNN
 from models.vgg import vgg11
@@ -18,10 +18,12 @@ from models.vgg import vgg11
 
 @dataclass(frozen=True)
 class _ModelSpec:
-    """How to build one registered model and the smallest square input it can take."""
+    """How to build one registered model, the smallest square input it can take, and the check of
+    its options that can run before any work (None: the option names are all there is to check)."""
 
     build: Callable[..., nn.Module]
     min_image_size: int
+    check: Callable[[dict[str, Any]], None] | None = None
 
 
 _REGISTRY: dict[str, _ModelSpec] = {
@@ -30,7 +32,7 @@ _REGISTRY: dict[str, _ModelSpec] = {
     "cnn9": _ModelSpec(CNN9, CNN9.MIN_IMAGE_SIZE),
     "resnet18": _ModelSpec(resnet18, 1),
     "resnet34": _ModelSpec(resnet34, 1),
-    "resnet50": _ModelSpec(resnet50, 1),
+    "resnet50": _ModelSpec(resnet50, 1, check_resnet50_options),
     "vgg11": _ModelSpec(vgg11, 1),
 }
 
@@ -61,6 +63,9 @@ def check_model_options(name: str, options: dict[str, Any]) -> None:
     """Raise ConfigError unless ``name`` is registered and takes every option in ``options``."""
     check_model_name(name)
     _check_kwargs(name, set(inspect.signature(_REGISTRY[name].build).parameters), options)
+    check = _REGISTRY[name].check
+    if check is not None:
+        check(options)
 
 
 @dataclass(frozen=True)

@@ -5,7 +5,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from common.errors import ConfigError
+from common.errors import ConfigError, InvalidValue
 
 _IMAGENET_CLASSES = 1000
 _FC_KEYS = frozenset({"fc.weight", "fc.bias"})
@@ -61,18 +61,39 @@ def _replace_stem(model: nn.Module, in_channels: int, pretrained: bool) -> None:
     model.conv1 = new
 
 
-def resnet50(num_classes: int, in_channels: int, weights_path: str | Path | None = None) -> nn.Module:
+def check_resnet50_options(options: dict) -> None:
+    """Check ``pretrained`` against ``weights_path`` before any work (see ``resnet50``)."""
+    pretrained, weights_path = options.get("pretrained"), options.get("weights_path")
+    if pretrained not in (None, True, False):
+        raise InvalidValue("model.pretrained", pretrained, "allowed are true, false or null")
+    if pretrained is True and weights_path is None:
+        raise InvalidValue(
+            "model.weights_path", None,
+            "this setting uses an ImageNet-pretrained ResNet-50 (model.pretrained=true; FedCorr Table 1 for "
+            "Clothing1M): give the path of a local torchvision resnet50 state dict (never downloaded), or "
+            "model.pretrained=false to train from random initialisation",
+        )
+    if pretrained is False and weights_path is not None:
+        raise InvalidValue("model.weights_path", weights_path,
+                           "model.pretrained=false asks for random initialisation: allowed is null")
+    if weights_path is not None and not Path(weights_path).expanduser().is_file():
+        raise ConfigError(
+            f"{_describe(Path(weights_path))} does not exist; pass the path of a local torchvision "
+            "ImageNet resnet50 state dict (weights are never downloaded)"
+        )
+
+
+def resnet50(num_classes: int, in_channels: int, weights_path: str | Path | None = None,
+             pretrained: bool | None = None) -> nn.Module:
     """The torchvision ResNet-50; ``weights_path`` names a local ImageNet state dict (never downloaded).
 
+    pretrained: None loads ``weights_path`` if given; True requires it (a setting whose paper uses
+        pretrained weights); False is random initialisation and refuses a ``weights_path``.
     With weights, all tensors load strictly; when ``num_classes`` != 1000 the fc layer is a fresh
     one instead. ``in_channels`` != 3 replaces conv1 (see ``_replace_stem``).
     """
-    path = None if weights_path is None else Path(weights_path)
-    if path is not None and not path.is_file():
-        raise ConfigError(
-            f"{_describe(path)} does not exist; pass the path of a local torchvision "
-            "ImageNet resnet50 state dict (weights are never downloaded)"
-        )
+    check_resnet50_options({"pretrained": pretrained, "weights_path": weights_path})
+    path = None if weights_path is None else Path(weights_path).expanduser()
     import torchvision  # lazy: importing torchvision costs ~2 s in every ClientApp process
 
     model = torchvision.models.resnet50(weights=None, num_classes=num_classes)

@@ -45,10 +45,14 @@ def test_bad_overrides_are_one_clear_error(override, message):
 
 @pytest.mark.parametrize("experiment", group_options("experiment"))
 @pytest.mark.parametrize("strategy", group_options("strategy"))
-def test_every_experiment_preset_is_valid_for_every_strategy(experiment, strategy):
+def test_every_experiment_preset_is_valid_for_every_strategy(experiment, strategy, tmp_path):
     from server.config import load_run
 
-    load_run(compose_config([f"experiment={experiment}", f"strategy={strategy}"]))
+    extra = []
+    if experiment == "clothing1m":  # its ResNet-50 must be pretrained: any existing file passes the up-front check
+        (tmp_path / "resnet50.pth").touch()
+        extra = [f"model.weights_path={tmp_path / 'resnet50.pth'}"]
+    load_run(compose_config([f"experiment={experiment}", f"strategy={strategy}", *extra]))
 
 
 def test_paper_presets_carry_table_7():
@@ -60,6 +64,7 @@ def test_paper_presets_carry_table_7():
     c1m = compose_config(["experiment=clothing1m", "strategy=fedcorr"])
     assert (c1m.num_clients, c1m.strategy.frac2, c1m.strategy.theta, c1m.strategy.pi, c1m.noise.name) == (
         500, 0.02, 0.9, 0.8, "none")
+    assert (c1m.model.name, c1m.model.pretrained) == ("resnet50", True), "Table 1: ImageNet-pretrained ResNet-50"
 
 
 def test_paper_presets_carry_appendix_b_for_the_baselines():

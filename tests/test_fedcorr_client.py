@@ -5,14 +5,15 @@ import math
 
 import numpy as np
 import pytest
-from flwr.app import Context, RecordDict
+from flwr.app import ArrayRecord, Context, RecordDict
 
 from client import app as client_app
 from client import node as client_node
-from client.label_state import current_labels
+from client.label_state import current_labels, load_local_losses, store_local_losses
 from protocol.codec import ProtocolError
 from protocol.fedcorr import CorrectIns, CorrectRes, LidScore, Stage1Options
 from protocol.messages import TrainIns, instruction, read_extra, read_reply
+from task.evaluation import loss_and_proba
 from task.local_training import LocalTraining
 
 TRAINING = LocalTraining(lr=0.05, epochs=1, batch_size=16, mixup_alpha=1.0, prox_weight=0.5)
@@ -119,3 +120,101 @@ def test_corrected_labels_survive_a_restarted_supernode_with_a_state_dir(run, in
     saved[0].write_bytes(b"not a zip")
     with pytest.raises(RuntimeError, match="saved state .* is unreadable"):
         current_labels(node_context(), client_node.load_node(first))
+
+
+def global_losses(node, arrays) -> np.ndarray:
+    model = node.new_model()
+    model.load_state_dict(arrays.to_torch_state_dict())
+    return loss_and_proba(model, node.data.images, node.data.labels, node.eval_transform)[0]
+
+
+def changed_rows(context: Context, node) -> set[int]:
+    return set(np.flatnonzero(current_labels(context, node) != node.data.labels).tolist())
+
+
+def test_stage1_training_keeps_the_trained_local_models_losses(run, incoming, node_context):
+    overrides, _, arrays = run
+    context = node_context(overrides, 5)
+    reply = train_stage1(incoming, context, arrays, server_round=3)
+    node = client_node.load_node(context)
+    kept = load_local_losses(context, node, since_round=3)
+    trained = ArrayRecord(reply.content["arrays"].to_torch_state_dict())
+    np.testing.assert_allclose(kept, global_losses(node, trained), rtol=1e-5, atol=1e-6)
+    assert not np.allclose(kept, global_losses(node, arrays)), "the local model, not the one it started from"
+    # The losses stay on the client: only the weights travel as arrays, everything else is a scalar.
+    assert set(reply.content.array_records) == {"arrays"}
+    scalars = [value for record in [*reply.content.metric_records.values(), *reply.content.config_records.values()]
+               for value in record.values()]
+    assert scalars and all(isinstance(value, (int, float, str, bool)) for value in scalars)
+
+
+@pytest.fixture
+def disagreeing(run, node_context):
+    """A client whose kept local losses flag the samples the global model finds easiest: the 25% with
+    the lowest global loss get high local losses, in the reverse order of their global losses."""
+    overrides, _, arrays = run
+    context = node_context(overrides, 6)
+    node = client_node.load_node(context)
+    by_global = np.argsort(global_losses(node, arrays), kind="stable")
+    flagged = by_global[: len(by_global) // 4]  # ascending global loss
+    local = np.full(len(by_global), 0.1, dtype=np.float32)
+    local[flagged] = np.linspace(5.0, 6.0, flagged.size)  # the lowest global loss gets the lowest local loss
+    store_local_losses(context, node, local, server_round=1)
+    return context, node, arrays, flagged
+
+
+def test_the_split_uses_the_losses_of_the_model_the_switch_names(disagreeing, incoming):
+    context, node, arrays, flagged = disagreeing
+    # pi = 1 and theta = 0: every sample of D_n takes the global argmax, so the changed labels lie in D_n.
+    res = correct(incoming, context, arrays, pi=1.0, theta=0.0, split_losses="local")
+    assert res.mu_hat == pytest.approx(flagged.size / len(node.data))
+    assert changed_rows(context, node) and changed_rows(context, node) <= set(flagged.tolist())
+    context.state.array_records.pop("fedcorr-labels")
+    res = correct(incoming, context, arrays, pi=1.0, theta=0.0, split_losses="global")
+    assert res.mu_hat != pytest.approx(flagged.size / len(node.data))
+    assert changed_rows(context, node) and not changed_rows(context, node) & set(flagged.tolist())
+
+
+def test_the_ranking_uses_the_losses_of_the_model_the_switch_names(disagreeing, incoming):
+    context, node, arrays, flagged = disagreeing
+    half = flagged.size // 2
+    # flagged is in ascending global loss and ascending local loss: global ranking picks the last
+    # half by global loss, local ranking the last half by local loss; the fixture makes these equal,
+    # so reverse the local losses to make the two rankings pick disjoint halves.
+    node_losses = load_local_losses(context, node, since_round=1).copy()
+    node_losses[flagged] = node_losses[flagged][::-1]
+    store_local_losses(context, node, node_losses, server_round=1)
+    expected = {"global": set(flagged[-half:].tolist()), "local": set(flagged[:half].tolist())}
+    assert half > 0 and not expected["global"] & expected["local"]
+    for rank in ("global", "local"):
+        context.state.array_records.pop("fedcorr-labels", None)
+        correct(incoming, context, arrays, pi=0.5, theta=0.0, split_losses="local", rank_losses=rank)
+        assert changed_rows(context, node) and changed_rows(context, node) <= expected[rank], rank
+
+
+def test_a_split_on_missing_or_stale_local_losses_is_refused(run, incoming, node_context):
+    overrides, _, arrays = run
+    context = node_context(overrides, 7)
+    with pytest.raises(RuntimeError, match="this node kept none"):
+        correct(incoming, context, arrays)
+    train_stage1(incoming, context, arrays, server_round=2)
+    with pytest.raises(RuntimeError, match="from round 5 or later.*last stage-1 training was in round 2"):
+        correct(incoming, context, arrays, losses_since=5)
+    assert correct(incoming, context, arrays, losses_since=2).mu_hat is not None
+
+
+def test_local_losses_survive_a_restarted_supernode_with_a_state_dir(run, incoming, tmp_path):
+    overrides, _, arrays = run
+
+    def node_context() -> Context:
+        return Context(run_id=1, node_id=78, node_config={"partition-id": 8, "state-dir": str(tmp_path)},
+                       state=RecordDict(), run_config={"overrides": overrides})
+
+    train_stage1(incoming, node_context(), arrays)
+    assert (tmp_path / "run-1" / "partition-8" / "fedcorr-local-losses.npz").is_file()
+    client_node._load_partition.cache_clear()
+    client_node._scene.cache_clear()
+    # A fresh process (empty context.state) finds the losses on disk; the same split as in memory.
+    restarted, again = node_context(), node_context()
+    first = correct(incoming, restarted, arrays, relabel=False)
+    assert first.mu_hat is not None and first == correct(incoming, again, arrays, relabel=False)

@@ -1,6 +1,7 @@
 import numpy as np
+import pytest
 
-from common.mixture import high_component
+from common.mixture import ashman_d, high_component
 
 
 def test_flags_the_high_cluster_of_client_scores():
@@ -15,3 +16,31 @@ def test_no_split_without_two_populations():
     assert not high_component(np.array([3.0]), seed=0).any()
     assert not high_component(np.full(10, 7.5), seed=0).any()
     assert high_component(np.array([]), seed=0).shape == (0,)
+
+
+def test_the_guards_decline_one_population_and_keep_two():
+    rng = np.random.default_rng(3)
+    one = rng.normal(20, 2, 100)  # all-clean clients: one population
+    two = np.concatenate([rng.normal(10, 1, 40), rng.normal(25, 2, 60)])
+    assert high_component(one, seed=1).any(), "the paper's GMM splits one population anyway"
+    for guard in ("bic", "separation"):
+        assert not high_component(one, seed=1, guard=guard).any(), guard
+        assert np.array_equal(high_component(two, seed=1, guard=guard), high_component(two, seed=1)), guard
+
+
+def test_a_skewed_single_population_is_one_population_to_the_separation_guard():
+    # A drifting score (later clients trained on a better model) is skewed, not bimodal: the two
+    # components overlap, so Ashman's D stays below 2 even where BIC may prefer two components.
+    scores = np.random.default_rng(5).gamma(shape=4.0, scale=2.0, size=100)
+    assert high_component(scores, seed=1).any()
+    assert not high_component(scores, seed=1, guard="separation").any()
+
+
+def test_ashman_d_measures_separation_against_spread():
+    assert ashman_d(np.array([0.0, 4.0]), np.array([1.0, 1.0])) == pytest.approx(4.0)
+    assert ashman_d(np.array([0.0, 1.0]), np.array([1.0, 1.0])) == pytest.approx(1.0)
+
+
+def test_an_unknown_guard_is_refused():
+    with pytest.raises(ValueError, match="guard 'maybe' is unknown: allowed are none, bic, separation"):
+        high_component(np.arange(10.0), seed=0, guard="maybe")

@@ -7,7 +7,7 @@ import torch
 import torchvision
 
 from common.errors import ConfigError
-from models import MODEL_NAMES, build_model, check_model_name
+from models import MODEL_NAMES, ModelSpec, build_model, check_model_name
 
 NUM_CLASSES = 7  # not 10, so a hard-coded CIFAR head would show
 
@@ -167,3 +167,28 @@ def test_too_small_image_names_size_and_minimum() -> None:
 def test_bad_arguments_are_rejected_by_name(options: dict, bad: str) -> None:
     with pytest.raises(ConfigError, match=bad):
         build_model("lenet5", **options)
+
+
+def test_a_pretrained_setting_without_weights_stops_before_any_work(tmp_path: Path) -> None:
+    from settings.compose import compose_config
+    from settings.run import run_settings
+
+    out = tmp_path / "run"
+    with pytest.raises(ConfigError, match=r"model.weights_path=None is invalid: .*ImageNet-pretrained ResNet-50 "
+                                          r".*or model.pretrained=false"):
+        run_settings(compose_config(["experiment=clothing1m", f"out_dir={out}"]))
+    assert not out.exists()
+    # Random initialisation, asked for explicitly, passes the model check (the dataset is another matter).
+    chosen = run_settings(compose_config(["experiment=clothing1m", "model.pretrained=false", f"out_dir={out}"]))
+    assert chosen.model.options == {"weights_path": None, "pretrained": False}
+
+
+def test_pretrained_and_weights_path_must_agree(imagenet_state) -> None:
+    path, _ = imagenet_state
+    with pytest.raises(ConfigError, match="model.pretrained=false asks for random initialisation"):
+        ModelSpec("resnet50", {"weights_path": str(path), "pretrained": False})
+    with pytest.raises(ConfigError, match="model.pretrained='yes' is invalid"):
+        ModelSpec("resnet50", {"pretrained": "yes"})
+    ModelSpec("resnet50", {"weights_path": str(path), "pretrained": True})
+    model = build_model("resnet50", num_classes=14, in_channels=3, weights_path=path, pretrained=True)
+    assert model.fc.out_features == 14

@@ -47,7 +47,7 @@ def test_the_default_run_is_typed_and_frozen():
 ])
 def test_every_bad_value_is_named_by_its_config_key(override, message):
     if message is None:
-        assert settings(override).model.options == {"weights_path": None}
+        assert settings(override).model.options == {"weights_path": None, "pretrained": None}
         return
     with pytest.raises(ConfigError, match=message):
         settings(override)

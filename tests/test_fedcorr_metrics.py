@@ -1,0 +1,93 @@
+"""FedCorr's metrics against ground truth: the honest noise-estimate error, and real label noise."""
+
+import json
+
+import numpy as np
+import pytest
+
+from data.scene import Scene
+from protocol.fedcorr import CorrectRes, Diagnostics
+from strategies.fedcorr_metrics import REAL_NOISE_REASON, FedCorrMonitor
+from strategies.ground_truth import GroundTruth
+
+
+def truth(noise: dict[int, float], size: int = 100, real: bool = False, known: int | None = None) -> GroundTruth:
+    return GroundTruth(noisy_clients=frozenset(k for k, v in noise.items() if v > 0 and not real),
+                       true_noise=dict(noise), sizes=dict.fromkeys(noise, size),
+                       known=dict.fromkeys(noise, size if known is None else known), real_noise=real)
+
+
+def corrected(known: int, wrong_before: int, wrong_after: int) -> CorrectRes:
+    changed = wrong_before - wrong_after
+    return CorrectRes(n_relabeled=changed, mu_hat=None,
+                      diagnostics=Diagnostics(known=known, wrong_before=wrong_before, wrong_after=wrong_after,
+                                              changed=changed, changed_correct=changed))
+
+
+def test_the_noise_estimate_error_is_measured_on_the_labels_it_was_estimated_on():
+    monitor = FedCorrMonitor([0, 1], truth({0: 0.4, 1: 0.0}))
+    # Iteration 1: client 0 estimates 0.4 on its original labels (40 of 100 wrong), then corrects 30.
+    monitor.corrected({0: corrected(100, 40, 10)})
+    monitor.end_iteration(1, {0: 9.0, 1: 5.0}, {0: 9.0, 1: 5.0}, [0], {0: 0.4, 1: 0.0})
+    # Iteration 2: it estimates 0.1 on its corrected labels (10 wrong): exact, not 0.3 off.
+    monitor.corrected({0: corrected(100, 10, 5)})
+    monitor.end_iteration(2, {0: 8.0, 1: 5.0}, {0: 17.0, 1: 10.0}, [0], {0: 0.1, 1: 0.0})
+    first, second = monitor.iterations
+    assert first["noise_estimate_mae"] == pytest.approx(0.0)
+    assert first["noise_estimate_mae_original"] == pytest.approx(0.0)
+    assert second["noise_estimate_mae"] == pytest.approx(0.0)
+    assert second["noise_estimate_mae_original"] == pytest.approx(0.15), "(|0.1 - 0.4| + 0) / 2"
+    block = monitor.results()
+    assert block["noise_estimate_mae"] == pytest.approx(0.0)
+    assert block["noise_estimate_mae_original"] == pytest.approx(0.15)
+    row = {r["client"]: r for r in block["clients"]}[0]
+    assert row["true_noise_estimated_on"] == pytest.approx(0.1) and row["true_noise_after"] == pytest.approx(0.05)
+    assert row["mu_hat_error"] == pytest.approx(0.0) and row["mu_hat_error_original"] == pytest.approx(0.3)
+
+
+def test_a_clean_reported_client_is_scored_on_its_unchanged_labels():
+    monitor = FedCorrMonitor([0, 1], truth({0: 0.4, 1: 0.2}))
+    monitor.end_iteration(1, {0: 9.0, 1: 5.0}, {0: 9.0, 1: 5.0}, [], {0: 0.0, 1: 0.0})
+    assert monitor.iterations[0]["noise_estimate_mae"] == pytest.approx(0.3)
+
+
+def scene(true_labels: np.ndarray, noisy_labels: np.ndarray, noise_level: np.ndarray) -> Scene:
+    n = true_labels.shape[0]
+    return Scene(spec={"num_clients": 2}, indices=np.arange(n), client=np.repeat([0, 1], n // 2),
+                 noisy_labels=noisy_labels, true_labels=true_labels, noise_level=noise_level)
+
+
+def test_real_noise_is_recognised_from_the_scene():
+    labels = np.arange(8) % 3
+    synthetic = scene(labels, np.where(np.arange(8) < 2, (labels + 1) % 3, labels), np.array([0.5, 0.0]))
+    assert not GroundTruth.from_scene(synthetic).real_noise, "only the noisy client's labels are wrong"
+    # Clothing1M-like: the truth is known for part of the samples, and shipped labels are wrong
+    # on a client no noise model touched.
+    shipped = np.where(np.arange(8) == 5, (labels + 1) % 3, labels)
+    real = GroundTruth.from_scene(scene(np.where(np.arange(8) % 2 == 0, -1, labels), shipped, np.zeros(2)))
+    assert real.real_noise and real.known == {0: 2, 1: 2}
+    assert real.true_noise[1] == pytest.approx(0.5) and real.label_subset().startswith("the 4 of 8 samples")
+    wrong_on_clean = GroundTruth.from_scene(scene(labels, shipped, np.zeros(2)))
+    assert wrong_on_clean.real_noise, "every label is known, but the dataset shipped a wrong one"
+
+
+def test_real_noise_reports_detection_as_not_applicable_and_noise_on_the_known_subset():
+    monitor = FedCorrMonitor([0, 1], truth({0: 0.5, 1: 0.0}, size=100, real=True, known=10))
+    monitor.corrected({0: corrected(10, 5, 2)})
+    monitor.end_iteration(1, {0: 9.0, 1: 5.0}, {0: 9.0, 1: 5.0}, [0], {0: 0.45, 1: 0.0})
+    monitor.end_stage("after_stage1")
+    block = json.loads(json.dumps(monitor.results()))
+    assert block["detection"] is None and block["detection_not_applicable"] == REAL_NOISE_REASON
+    assert block["true_noisy_clients"] is None and monitor.iterations[0]["detection"] is None
+    assert all(row["true_noisy"] is None for row in block["clients"])
+    assert block["label_noise"]["before"] == pytest.approx(0.25)
+    assert block["label_noise"]["after_stage1"] == pytest.approx(0.1)
+    assert block["label_noise_measured_on"] == "the 20 of 200 samples with a known true label (a clean annotation)"
+
+
+def test_synthetic_noise_keeps_detection():
+    monitor = FedCorrMonitor([0, 1], truth({0: 0.5, 1: 0.0}))
+    monitor.end_iteration(1, {0: 9.0, 1: 5.0}, {0: 9.0, 1: 5.0}, [0], {0: 0.45, 1: 0.0})
+    block = monitor.results()
+    assert block["detection"] == {"precision": 1.0, "recall": 1.0, "f1": 1.0}
+    assert block["detection_not_applicable"] is None and block["label_noise_measured_on"] == "all 200 samples"
