@@ -71,6 +71,21 @@ COLUMNS: dict[str, tuple[str, Callable[[dict[str, Any]], float | None], float, i
 }
 
 
+def remaining_noise(payload: dict[str, Any]) -> dict[str, float | None]:
+    """Where a FedCorr run's wrong labels sit at its end (% of all known labels), and how good the model
+    that made the stage-2 corrections was: wrong labels on the clients stage 2 finetuned on (S_c, never
+    relabelled at the end of stage 2) and on the others, their relabel precision over the run, and the
+    test accuracy of the global model at the end of stage 2."""
+    rows = payload["fedcorr"]["clients"]
+    known = sum(row["n_known"] for row in rows)
+    wrong = {flag: sum(row["true_noise_after"] * row["n_known"] for row in rows
+                       if row["finetuned"] == flag and row["n_known"]) for flag in (True, False)}
+    finetune = [r["test_acc"] for r in payload["rounds"] if r["stage"] == "finetune" and r["test_acc"] is not None]
+    return {"in S_c": 100 * wrong[True] / known, "outside S_c": 100 * wrong[False] / known,
+            "clients outside S_c": float(sum(not row["finetuned"] for row in rows)),
+            "acc end of stage 2": 100 * finetune[-1] if finetune else None}
+
+
 def print_table(table: dict[str, dict[str, list[dict[str, Any]]]], seeds: dict[str, list[int]]) -> None:
     """One line per (setting, column): mean ± std over that column's seeds."""
     widths = {header: max(len(header), 13) for header in COLUMNS}
@@ -139,6 +154,12 @@ def main() -> None:
     print(f"\nFashion-MNIST, 100 clients IID, LeNet-5; FedCorr {first['t1']}/{first['t2']}/{first['t3']} (T1/T2/T3); "
           "FedAvg at the same communication cost; mean ± sample std over the seeds listed")
     print_table(table, seeds_of)
+    print("\nFedCorr: where the wrong labels sit after stage 2 (% of all known labels), mean ± std over seeds")
+    parts = list(remaining_noise(table[next(iter(table))]["fedcorr"][0]))
+    print(f"{'(rho, tau)':<11} " + " ".join(f"{part:>20}" for part in parts))
+    for setting, columns in table.items():
+        figures = [remaining_noise(payload) for payload in columns["fedcorr"]]
+        print(f"{setting:<11} " + " ".join(f"{spread([f[part] for f in figures]):>20}" for part in parts))
     if args.plateau_cap:
         print("\nplateau runs (first seed): best % @ plateau round")
         for setting, columns in table.items():

@@ -1,6 +1,7 @@
 """Resuming benchmarks (bench/runs.py): a finished run is reused only when its config is the same, and
 a finished run with another config is never overwritten by --reuse. And the strategy bench's cells
-(bench/strategies_fmnist.py) compose into the configs their columns name."""
+(bench/strategies_fmnist.py, bench/fedcorr_ablation.py) compose into the configs their columns name, and
+the FedCorr bench's summaries over seeds."""
 
 from __future__ import annotations
 
@@ -29,6 +30,8 @@ def load_bench(name: str):
 
 runs = load_bench("runs")
 strategies_bench = load_bench("strategies_fmnist")
+fedcorr_bench = load_bench("fedcorr_fmnist")
+ablation_bench = load_bench("fedcorr_ablation")
 
 
 def write_results(out_dir: Path, config: dict, complete: bool = True) -> Path:
@@ -113,3 +116,38 @@ def test_strategy_bench_reports_fedcorrs_shared_stages_and_flags_runs_that_disag
     lines = capsys.readouterr().out.strip().splitlines()[1:]
     assert lines == ["0.4  best 86.00, last 84.00",
                      "0.8  best 86.00, last 84.00, best 86.00, last 85.00  (the runs disagree)"]
+
+
+def test_spread_is_mean_and_sample_std_of_the_known_values():
+    assert runs.spread([0.881, 0.879, None], scale=100) == "88.00±0.14"
+    assert runs.spread([0.5], scale=100) == "50.00" and runs.spread([None]) == "-"
+
+
+def test_fedcorr_bench_variants_are_named_columns_of_overrides():
+    parsed = fedcorr_bench.parse_variants([["global-split", "strategy.split_losses=global"],
+                                           ["guard", "strategy.client_split_guard=bic", "seed=2"]])
+    assert parsed == {"global-split": ["strategy.split_losses=global"],
+                      "guard": ["strategy.client_split_guard=bic", "seed=2"]}
+    for bad in ([["fedavg", "x=1"]], [["a/b", "x=1"]], [["lonely"]], [["twice", "x=1"], ["twice", "y=2"]]):
+        with pytest.raises(ConfigError, match="--variant .* is invalid"):
+            fedcorr_bench.parse_variants(bad)
+
+
+def test_fedcorr_bench_says_where_the_remaining_wrong_labels_sit():
+    rows = [{"finetuned": True, "n_known": 100, "true_noise_after": 0.02},
+            {"finetuned": False, "n_known": 100, "true_noise_after": 0.10},
+            {"finetuned": False, "n_known": 0, "true_noise_after": float("nan")}]
+    payload = {"fedcorr": {"clients": rows},
+               "rounds": [{"stage": "finetune", "test_acc": 0.8}, {"stage": "finetune", "test_acc": 0.85},
+                          {"stage": "usual", "test_acc": 0.9}]}
+    assert fedcorr_bench.remaining_noise(payload) == {"in S_c": 1.0, "outside S_c": 5.0, "clients outside S_c": 2.0,
+                                                      "acc end of stage 2": 85.0}
+
+
+def test_ablation_rows_switch_off_one_table_6_component_each():
+    assert ablation_bench.ROWS[0] == "fedcorr" and len(ablation_bench.ROWS) == 7
+    for row in ablation_bench.ROWS:
+        ablation = compose_config(["experiment=smoke", *ablation_bench.row_overrides(row)]).strategy.ablation
+        off = sorted(key for key, kept in ablation.items() if not kept)
+        assert off == ([] if row == "fedcorr" else [row.removeprefix("no-").replace("-", "_")])
+    assert all(len(paper) == 7 for paper in ablation_bench.PAPER_TABLE_6.values())
