@@ -349,7 +349,7 @@ class FedCorr(FederatedStrategy):
             return res
 
         replies = self.exchange(self._grid, {pid: content for pid in clients}, CORRECT, read)
-        self.monitor.corrected(replies)
+        self.monitor.corrected(replies, mode)
         return replies
 
 

@@ -60,8 +60,9 @@ class FedCorrMonitor:
         self.cumulative: dict[int, float] = {}
         self.mu_hat: dict[int, float] = {}
         self.clean: list[int] = []
-        self.changed = 0
-        self.changed_correct = 0
+        # Labels changed, and changed to the true label, per correction step ("stage1", "stage2").
+        self.changed: dict[str, int] = {}
+        self.changed_correct: dict[str, int] = {}
         self.label_noise: dict[str, float | None] = {"before": self._overall_noise()}
 
     def _overall_noise(self) -> float | None:
@@ -117,15 +118,15 @@ class FedCorrMonitor:
         self.iterations.append(record)
         print(line, flush=True)
 
-    def corrected(self, replies: Mapping[int, CorrectRes]) -> None:
-        """Fold in the ground-truth diagnostics clients return from ``query.correct``."""
+    def corrected(self, replies: Mapping[int, CorrectRes], mode: str) -> None:
+        """Fold in the ground-truth diagnostics clients return from ``query.correct`` in ``mode``."""
         for pid, res in replies.items():
             counts = res.diagnostics
             if counts is not None and counts.known > 0:
                 self._before_correction[pid] = counts.wrong_before / counts.known
                 self.noise[pid] = counts.wrong_after / counts.known
-                self.changed += counts.changed
-                self.changed_correct += counts.changed_correct
+                self.changed[mode] = self.changed.get(mode, 0) + counts.changed
+                self.changed_correct[mode] = self.changed_correct.get(mode, 0) + counts.changed_correct
 
     def clean_set(self, clean: list[int]) -> None:
         """Record S_c, the clients stage 2 finetunes on."""
@@ -176,6 +177,7 @@ class FedCorrMonitor:
         if self.truth:
             estimates = {k: self.mu_hat.get(k, 0.0) for k in self.clients}
             real = self.truth.real_noise
+            changed, correct = sum(self.changed.values()), sum(self.changed_correct.values())
             block.update({
                 "true_noisy_clients": None if real else sorted(self.truth.noisy_clients),
                 "detection": self._detection(self.detected),
@@ -184,7 +186,9 @@ class FedCorrMonitor:
                 "noise_estimate_mae_original": mean_abs_error(estimates, self.truth.true_noise),
                 "label_noise": dict(self.label_noise),
                 "label_noise_measured_on": self.truth.label_subset(),
-                "relabel_precision": self.changed_correct / self.changed if self.changed else None,
-                "relabeled": self.changed,
+                "relabel_precision": correct / changed if changed else None,
+                "relabeled": changed,
+                "relabel_by_step": {mode: {"relabeled": n, "precision": self.changed_correct[mode] / n if n else None}
+                                    for mode, n in self.changed.items()},
             })
         return block

@@ -27,10 +27,10 @@ def corrected(known: int, wrong_before: int, wrong_after: int) -> CorrectRes:
 def test_the_noise_estimate_error_is_measured_on_the_labels_it_was_estimated_on():
     monitor = FedCorrMonitor([0, 1], truth({0: 0.4, 1: 0.0}))
     # Iteration 1: client 0 estimates 0.4 on its original labels (40 of 100 wrong), then corrects 30.
-    monitor.corrected({0: corrected(100, 40, 10)})
+    monitor.corrected({0: corrected(100, 40, 10)}, "stage1")
     monitor.end_iteration(1, {0: 9.0, 1: 5.0}, {0: 9.0, 1: 5.0}, [0], {0: 0.4, 1: 0.0})
     # Iteration 2: it estimates 0.1 on its corrected labels (10 wrong): exact, not 0.3 off.
-    monitor.corrected({0: corrected(100, 10, 5)})
+    monitor.corrected({0: corrected(100, 10, 5)}, "stage1")
     monitor.end_iteration(2, {0: 8.0, 1: 5.0}, {0: 17.0, 1: 10.0}, [0], {0: 0.1, 1: 0.0})
     first, second = monitor.iterations
     assert first["noise_estimate_mae"] == pytest.approx(0.0)
@@ -40,6 +40,7 @@ def test_the_noise_estimate_error_is_measured_on_the_labels_it_was_estimated_on(
     block = monitor.results()
     assert block["noise_estimate_mae"] == pytest.approx(0.0)
     assert block["noise_estimate_mae_original"] == pytest.approx(0.15)
+    assert block["relabeled"] == 35 and block["relabel_by_step"] == {"stage1": {"relabeled": 35, "precision": 1.0}}
     row = {r["client"]: r for r in block["clients"]}[0]
     assert row["true_noise_estimated_on"] == pytest.approx(0.1) and row["true_noise_after"] == pytest.approx(0.05)
     assert row["mu_hat_error"] == pytest.approx(0.0) and row["mu_hat_error_original"] == pytest.approx(0.3)
@@ -73,7 +74,7 @@ def test_real_noise_is_recognised_from_the_scene():
 
 def test_real_noise_reports_detection_as_not_applicable_and_noise_on_the_known_subset():
     monitor = FedCorrMonitor([0, 1], truth({0: 0.5, 1: 0.0}, size=100, real=True, known=10))
-    monitor.corrected({0: corrected(10, 5, 2)})
+    monitor.corrected({0: corrected(10, 5, 2)}, "stage1")
     monitor.end_iteration(1, {0: 9.0, 1: 5.0}, {0: 9.0, 1: 5.0}, [0], {0: 0.45, 1: 0.0})
     monitor.end_stage("after_stage1")
     block = json.loads(json.dumps(monitor.results()))

@@ -52,6 +52,9 @@ def test_corrections_follow_each_iteration_and_stage_2(run_inprocess):
     block = payload["fedcorr"]
     assert block["label_noise"]["after_stage2"] < block["label_noise"]["before"]
     assert block["relabeled"] > 0 and 0 <= block["relabel_precision"] <= 1
+    steps = block["relabel_by_step"]
+    assert set(steps) <= {"stage1", "stage2"}
+    assert sum(step["relabeled"] for step in steps.values()) == block["relabeled"]
 
 
 def test_fraction_scheduling_sets_the_stage_1_round_size(run_inprocess):
