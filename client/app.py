@@ -44,8 +44,9 @@ def train(message: Message, context: Context) -> Message:
 
 def _local_scores(message: Message, context: Context) -> Message:
     node = load_node(context)
-    model = node.new_model()
-    model.load_state_dict(read_arrays(message.content, SERVER).to_torch_state_dict())
+    state = read_arrays(message.content, SERVER).to_torch_state_dict()
+    model = node.model_for_state(state.keys())
+    model.load_state_dict(state)
     scores = evaluate_model(model, node.data.images, current_labels(context, node), node.eval_transform,
                             device=node.device)
     return Message(reply(scores), reply_to=message)

@@ -11,6 +11,7 @@ data once, not once per round.
 from __future__ import annotations
 
 import functools
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -26,7 +27,7 @@ from data.sources.base import Dataset
 from data.transforms import BatchTransform
 from settings.compose import RUN_CONFIG_KEY, compose_from_run_config
 from settings.run import RunSettings, run_settings
-from task.build import model_for, transforms_for
+from task.build import model_for, model_for_state, transforms_for
 from task.device import resolve_device
 
 PARTITION_ID_KEY = "partition-id"
@@ -48,6 +49,12 @@ class LocalNode:
     def new_model(self) -> torch.nn.Module:
         """A freshly initialised model of the run's architecture for this dataset, on the node's device."""
         return model_for(self.settings.model, self.dataset, self.settings.transforms).to(self.device)
+
+    def model_for_state(self, state_keys: Iterable[str]) -> torch.nn.Module:
+        """A fresh model that loads a state with ``state_keys`` (a ``PeerPair`` for a pair's), on the
+        node's device."""
+        return model_for_state(self.settings.model, self.dataset, self.settings.transforms,
+                               state_keys).to(self.device)
 
     @functools.cached_property
     def parameter_names(self) -> list[str]:

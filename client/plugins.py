@@ -44,9 +44,10 @@ QueryFn = Callable[[LocalNode, Context, RecordDict], RecordDict]
 
 
 def plain_train(node: LocalNode, context: Context, arrays: ArrayRecord, ins: TrainIns, options: Any) -> Trained:
-    """Local SGD from the global arrays on the node's current (possibly corrected) labels."""
+    """Local SGD from the global arrays on the node's current (possibly corrected) labels, with the
+    instruction's learner and its schedule."""
     model, stats = local_update(node, arrays.to_torch_state_dict(), ins.training, ins.server_round,
-                                labels=current_labels(context, node))
+                                labels=current_labels(context, node), schedule=ins.schedule)
     return Trained(model, stats)
 
 

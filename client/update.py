@@ -12,6 +12,7 @@ import numpy as np
 import torch
 
 from client.node import LocalNode
+from task.learner_options import LearnerSchedule
 from task.local_training import LocalTraining, TrainStats
 from task.training import train_local
 
@@ -23,16 +24,17 @@ def local_update(
     server_round: int,
     labels: np.ndarray | None = None,
     linear_terms: Sequence[torch.Tensor] | None = None,
+    schedule: LearnerSchedule | None = None,
 ) -> tuple[torch.nn.Module, TrainStats]:
     """Train from ``global_state`` with ``training`` on ``labels`` (default: the node's own labels;
     FedCorr passes the corrected ones). ``linear_terms``: FedDyn's correction, one tensor per model
-    parameter (see ``train_local``)."""
-    model = node.new_model()
+    parameter; ``schedule``: the learner's values for the round (see ``train_local``)."""
+    model = node.model_for_state(global_state.keys())
     model.load_state_dict(global_state)
     anchor = [p.detach().clone() for p in model.parameters()] if training.prox_weight > 0 else None
     stats = train_local(model, node.data.images, node.data.labels if labels is None else labels,
                         node.train_transform, training, generator=node.generator(server_round),
-                        device=node.device, global_params=anchor, linear_terms=linear_terms)
+                        device=node.device, global_params=anchor, linear_terms=linear_terms, schedule=schedule)
     return model, stats
 
 

@@ -2,9 +2,11 @@
 
 A payload's fields are ``int``, ``float``, ``bool`` or ``str`` (each optionally ``| None``), or a
 nested payload dataclass whose fields are flattened into the same record (optional nested payloads
-are all there or all absent). Field ``num_examples`` travels as key ``num-examples``: one naming
-style for every key, Flower's own. ``decode`` checks every key and type and names the sender and
-the key of the first problem; it never lets a bare ``KeyError`` out.
+are all there or all absent). A nested field declared with ``metadata={NAMESPACED: True}`` puts its
+name before its keys (``lsr.gamma``), so two nested payloads may share field names. Field
+``num_examples`` travels as key ``num-examples``: one naming style for every key, Flower's own.
+``decode`` checks every key and type and names the sender and the key of the first problem; it never
+lets a bare ``KeyError`` out.
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ from __future__ import annotations
 import types
 import typing
 from collections.abc import Mapping
-from dataclasses import fields, is_dataclass
+from dataclasses import Field, fields, is_dataclass
 from typing import TYPE_CHECKING, Any, TypeGuard, TypeVar
 
 from common.errors import ConfigError, InvalidValue
@@ -24,6 +26,9 @@ T = TypeVar("T", bound="DataclassInstance")
 Scalar = int | float | bool | str
 
 _SCALARS = (int, float, bool, str)
+
+NAMESPACED = "namespaced"
+"""Field metadata key: a nested payload whose keys travel as ``<field>.<key>``."""
 
 
 class ProtocolError(ValueError):
@@ -64,17 +69,25 @@ def _is_payload_class(hint: Any) -> TypeGuard[type[DataclassInstance]]:
     return is_dataclass(hint)
 
 
-def keys_of(cls: type) -> list[str]:
+def _nested_prefix(spec: Field[Any], prefix: str) -> str:
+    """The key prefix of nested payload field ``spec`` under ``prefix``."""
+    return f"{prefix}{record_key(spec.name)}." if spec.metadata.get(NAMESPACED) else prefix
+
+
+def keys_of(cls: type, prefix: str = "") -> list[str]:
     """Every record key a payload class uses, nested payloads included."""
     keys: list[str] = []
     hints = _hints(cls)
     for spec in fields(cls):
         inner, _ = _unwrap_optional(hints[spec.name])
-        keys += keys_of(inner) if _is_payload_class(inner) else [record_key(spec.name)]
+        if _is_payload_class(inner):
+            keys += keys_of(inner, _nested_prefix(spec, prefix))
+        else:
+            keys.append(prefix + record_key(spec.name))
     return keys
 
 
-def encode(payload: Any) -> dict[str, Scalar]:
+def encode(payload: Any, prefix: str = "") -> dict[str, Scalar]:
     """The flat record of a payload instance (fields that are None are left out)."""
     record: dict[str, Scalar] = {}
     for spec in fields(payload):
@@ -82,9 +95,9 @@ def encode(payload: Any) -> dict[str, Scalar]:
         if value is None:
             continue
         if is_dataclass(value):
-            record.update(encode(value))
+            record.update(encode(value, _nested_prefix(spec, prefix)))
         elif isinstance(value, _SCALARS):
-            record[record_key(spec.name)] = value
+            record[prefix + record_key(spec.name)] = value
         else:
             raise TypeError(f"field {spec.name} of {type(payload).__name__} holds {value!r}: not a scalar")
     return record
@@ -101,19 +114,20 @@ def _scalar(value: Any, hint: Any, sender: str, key: str) -> Scalar:
     raise ProtocolError(sender, key, f"holds {value!r} of type {type(value).__name__}: expected {name}")
 
 
-def _decode(cls: type[T], record: Mapping[str, Any], sender: str) -> T:
+def _decode(cls: type[T], record: Mapping[str, Any], sender: str, prefix: str = "") -> T:
     hints = _hints(cls)
     kwargs: dict[str, Any] = {}
     for spec in fields(cls):
         hint, optional = _unwrap_optional(hints[spec.name])
         if _is_payload_class(hint):
-            present = [key for key in keys_of(hint) if key in record]
+            inner_prefix = _nested_prefix(spec, prefix)
+            present = [key for key in keys_of(hint, inner_prefix) if key in record]
             if optional and not present:
                 kwargs[spec.name] = None
             else:
-                kwargs[spec.name] = _decode(hint, record, sender)
+                kwargs[spec.name] = _decode(hint, record, sender, inner_prefix)
             continue
-        key = record_key(spec.name)
+        key = prefix + record_key(spec.name)
         if key in record:
             kwargs[spec.name] = _scalar(record[key], hint, sender, key)
         elif not optional:
@@ -121,7 +135,8 @@ def _decode(cls: type[T], record: Mapping[str, Any], sender: str) -> T:
     try:
         return cls(**kwargs)
     except InvalidValue as err:
-        raise ProtocolError(sender, record_key(err.key.rsplit(".", 1)[-1]), f"is invalid: {err.allowed}") from None
+        raise ProtocolError(sender, prefix + record_key(err.key.rsplit(".", 1)[-1]),
+                            f"is invalid: {err.allowed}") from None
     except ConfigError as err:
         raise ProtocolError(sender, None, str(err)) from None
 

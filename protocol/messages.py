@@ -21,12 +21,13 @@ message type        instruction                        reply
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 from flwr.app import ArrayRecord, ConfigRecord, MessageType, MetricRecord, MetricRecordValues, RecordDict
 
-from protocol.codec import ProtocolError, decode, encode
+from protocol.codec import NAMESPACED, ProtocolError, decode, encode
+from task.learner_options import LearnerSchedule
 from task.local_training import LocalTraining, TrainStats
 from task.scores import Scores
 
@@ -65,14 +66,16 @@ class NodeInfo:
 class TrainIns:
     """A ``train`` instruction: train from the sent arrays for ``server_round``.
 
-    training: the local SGD settings.
+    training: the local SGD settings (with the learner and its options).
     method: the client plug-in that trains (``""``: plain local SGD); its options, if any, travel
         in a record of that name.
+    schedule: the learner's values for this round (LSR's gamma_t, Co-teaching's forget rate).
     """
 
     server_round: int
     training: LocalTraining
     method: str = ""
+    schedule: LearnerSchedule = field(default_factory=LearnerSchedule, metadata={NAMESPACED: True})
 
 
 TrainRes = TrainStats

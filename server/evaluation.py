@@ -7,17 +7,20 @@ from flwr.app import ArrayRecord
 
 from data.sources.base import Dataset
 from settings.run import RunSettings
-from task.build import model_for, transforms_for
+from task.build import model_for, model_for_state, transforms_for
 from task.device import resolve_device
 from task.evaluation import evaluate
 from task.scores import Scores
 
 
 class CentralEvaluator:
-    """Loads global arrays into one model kept for the run and scores it on the test split."""
+    """Loads global arrays into a model kept for the run and scores it on the test split; the
+    model is rebuilt when the arrays change shape (Co-teaching's pair)."""
 
     def __init__(self, settings: RunSettings, dataset: Dataset) -> None:
         self.device = resolve_device(settings.server.device)
+        self.settings = settings
+        self.dataset = dataset
         self.model = model_for(settings.model, dataset, settings.transforms).to(self.device)
         _, self.transform = transforms_for(settings.transforms, dataset)
         self.test = dataset.test
@@ -25,7 +28,11 @@ class CentralEvaluator:
 
     def __call__(self, arrays: ArrayRecord) -> Scores:
         """The scores of the model given by ``arrays`` on the test split."""
-        self.model.load_state_dict(arrays.to_torch_state_dict())
+        state = arrays.to_torch_state_dict()
+        if list(state) != list(self.model.state_dict()):
+            self.model = model_for_state(self.settings.model, self.dataset, self.settings.transforms,
+                                         state).to(self.device)
+        self.model.load_state_dict(state)
         with torch.no_grad():
             return evaluate(self.model, self.test.images, self.test.labels, self.transform,
                             batch_size=self.batch_size, device=self.device)

@@ -26,9 +26,10 @@ from task.build import model_for
 log = logging.getLogger(__name__)
 
 
-def initial_model(settings: RunSettings, dataset: Dataset) -> torch.nn.Module:
-    """The starting global model, initialised from the run's seed."""
-    torch.manual_seed(int(rng_for(settings.seed, "model-init").integers(2**31)))
+def initial_model(settings: RunSettings, dataset: Dataset, purpose: str = "model-init") -> torch.nn.Module:
+    """The starting global model, initialised from the run's seed (``purpose`` names the stream:
+    ``peer-init`` is Co-teaching's second network)."""
+    torch.manual_seed(int(rng_for(settings.seed, purpose).integers(2**31)))
     return model_for(settings.model, dataset, settings.transforms)
 
 
@@ -69,7 +70,8 @@ def run_server(grid: Grid, plan: RunPlan) -> dict[str, Any]:
     scene, dataset, _ = prepare_scene(settings.scene, settings.out_dir)
     model = initial_model(settings, dataset)
     truth = GroundTruth.from_scene(scene) if settings.ground_truth else None
-    env = plan.environment(parameter_names=tuple(name for name, _ in model.named_parameters()), truth=truth)
+    env = plan.environment(parameter_names=tuple(name for name, _ in model.named_parameters()), truth=truth,
+                           new_network=lambda: ArrayRecord(initial_model(settings, dataset, "peer-init").state_dict()))
     strategy = build_strategy(plan.strategy, env, rng_for(settings.seed, "client-sampling"))
     strategy.bind(discover(grid, settings.num_clients, settings.server.node_wait_timeout,
                            settings.server.round_timeout))

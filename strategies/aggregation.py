@@ -21,6 +21,15 @@ def as_record(state: dict[str, np.ndarray]) -> ArrayRecord:
     return ArrayRecord({key: Array(value) for key, value in state.items()})
 
 
+def peer_pair(first: ArrayRecord, second: ArrayRecord) -> ArrayRecord:
+    """Two networks' arrays as one ``models.peer_pair.PeerPair`` state: ``first.<key>``, ``second.<key>``."""
+    if list(first.keys()) != list(second.keys()):
+        raise ValueError("the two networks of a pair must have the same arrays")
+    state = {f"first.{key}": array for key, array in first.items()}
+    state |= {f"second.{key}": array for key, array in second.items()}
+    return ArrayRecord(state)
+
+
 def weighted_average(states: Sequence[dict[str, np.ndarray]], weights: Sequence[float]) -> dict[str, np.ndarray]:
     """Average every array of the given model states (parameters and BN buffers alike), weighted.
 

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
+
+from flwr.app import ArrayRecord
 
 from strategies.ground_truth import GroundTruth
 
@@ -14,6 +17,8 @@ class Environment:
     skip_failed: drop a failed client from its round instead of stopping the run.
     parameter_names: the model's trainable parameters by name (FedDyn corrects only those).
     truth: the simulated scene's ground truth, for detection metrics; None without ground truth.
+    new_network: a freshly initialised network of the run's architecture, seeded from the run's seed
+        (Co-teaching's second network); None where the server has not given one.
     """
 
     num_clients: int
@@ -22,3 +27,4 @@ class Environment:
     skip_failed: bool = False
     parameter_names: tuple[str, ...] = ()
     truth: GroundTruth | None = None
+    new_network: Callable[[], ArrayRecord] | None = None

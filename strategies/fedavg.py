@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -11,8 +11,10 @@ import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord
 from flwr.serverapp import Grid
 
+from common.errors import ConfigError
+from models.peer_pair import is_pair_state
 from protocol.messages import TRAIN, TrainIns, instruction
-from strategies.aggregation import as_numpy, as_record, weighted_average
+from strategies.aggregation import as_numpy, as_record, peer_pair, weighted_average
 from strategies.base import FederatedStrategy, TrainReply
 from strategies.registry import RoundMethod, round_entry
 from strategies.sampling import round_size, sample_clients
@@ -49,8 +51,11 @@ class FedAvg(FederatedStrategy):
     num_rounds: rounds to run.
     fraction: share of all clients sampled per round (at least ``min_clients``).
     min_clients: the smallest round size.
-    train: the local SGD settings clients train with.
+    train: the local SGD settings clients train with (and their learner). The learner's schedule
+        (LSR's gamma_t, Co-teaching's forget rate) runs on this strategy's own rounds, from 0.
     stage: the stage name written in the round log (FedCorr's stage 3 is "usual").
+    new_network: a fresh, seeded network for the learner's second network when it trains two
+        (Co-teaching) and the global model is still one network (the start, or FedCorr's stage 3).
     rng, skip_failed: see ``FederatedStrategy``.
     """
 
@@ -62,6 +67,7 @@ class FedAvg(FederatedStrategy):
         train: LocalTraining,
         min_clients: int = 1,
         stage: str = "fedavg",
+        new_network: Callable[[], ArrayRecord] | None = None,
         rng: np.random.Generator,
         skip_failed: bool = False,
     ) -> None:
@@ -71,6 +77,8 @@ class FedAvg(FederatedStrategy):
         self.min_clients = min_clients
         self.train = train
         self.stage = stage
+        self.new_network = new_network
+        self.stage_rounds = 0
 
     def summary(self) -> None:
         """Log the schedule and the local training."""
@@ -91,8 +99,20 @@ class FedAvg(FederatedStrategy):
         return sample_clients(self.rng, self.federation.partition_ids, self.round_size())
 
     def train_instruction(self, server_round: int) -> TrainIns:
-        """What this round's clients are told to do (subclasses change the training or the method)."""
-        return TrainIns(server_round=server_round, training=self.train)
+        """What this round's clients are told to do (subclasses change the training or the method):
+        the local training and the learner's values for this strategy's round."""
+        return TrainIns(server_round=server_round, training=self.train,
+                        schedule=self.train.schedule_at(self.stage_rounds))
+
+    def starting_arrays(self, arrays: ArrayRecord) -> ArrayRecord:
+        """The arrays clients start from: ``arrays``, as a pair with a fresh second network when the
+        learner trains two networks and ``arrays`` hold one."""
+        if not self.train.peers or is_pair_state(arrays.keys()):
+            return arrays
+        if self.new_network is None:
+            raise ConfigError(f"learner={self.train.learner} trains two networks; the server gave no way "
+                              "to initialise the second one")
+        return peer_pair(arrays, self.new_network())
 
     def train_options(self) -> Any:
         """The client plug-in's options sent with the instruction (None: none)."""
@@ -106,6 +126,7 @@ class FedAvg(FederatedStrategy):
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
     ) -> Iterable[Message]:
         """Send this round's sample the global arrays and its train instruction."""
+        arrays = self.starting_arrays(arrays)
         self.global_arrays = arrays
         chosen = self.select(server_round, arrays, grid)
         ins = self.train_instruction(server_round)
@@ -118,6 +139,7 @@ class FedAvg(FederatedStrategy):
         """The new global arrays from the good replies, and their size-weighted mean train loss."""
         good = self.collect(replies, self.read_train)
         arrays, train_loss = self.aggregate(good), mean_train_loss(good)
+        self.stage_rounds += 1
         self.record_round(server_round, self.stage, list(good), train_loss, arrays)
         return arrays, MetricRecord({"train-loss": train_loss})
 

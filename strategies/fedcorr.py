@@ -31,6 +31,7 @@ from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDic
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Result
 
+from common.errors import InvalidValue
 from common.mixture import GUARDS, high_component
 from common.validation import Choice, Flag, Integer, Nullable, Number, check_fields, rule, settings_from_mapping
 from protocol.codec import ProtocolError
@@ -44,6 +45,7 @@ from strategies.ground_truth import GroundTruth
 from strategies.registry import StrategyEntry, parse_training, round_method
 from strategies.rounds import RoundSettings
 from strategies.sampling import round_size, sample_clients
+from task.learner_options import LEARNERS
 from task.local_training import PROX_NORMS, LocalTraining
 
 log = logging.getLogger(__name__)
@@ -89,6 +91,8 @@ class FedCorrSettings:
     client_split_guard: ``none`` (the paper: always split the cumulative LID) | ``bic`` |
         ``separation`` (decline the split when the scores look like one population; common.mixture).
     stage3: the stage-3 strategy (a round-based one); stage3_options: its options.
+    stage3_learner: the learner of stage 3 (None: the ``train`` block's, which stage 2 uses too);
+        ``stage3=fedlsr`` trains with ``lsr`` on its own. Stage 1 trains with mixup (Sec. 3.2).
     ablation: Table 6's switches.
     """
 
@@ -110,10 +114,15 @@ class FedCorrSettings:
     client_split_guard: str = field(default="none", metadata=rule(Choice(GUARDS)))
     stage3: str = "fedavg"
     stage3_options: Any = None
+    stage3_learner: str | None = field(default=None, metadata=rule(Nullable(Choice(LEARNERS))))
     ablation: FedCorrAblation = FedCorrAblation()
 
     def __post_init__(self) -> None:
         check_fields(self)
+        if self.train.peers:
+            raise InvalidValue("train.learner", self.train.learner,
+                               "a learner of one network: FedCorr's stages 1-2 train and query one "
+                               "network (set stage3_learner=coteaching for stage 3)")
 
     def stage1_round_size(self, num_clients: int) -> int:
         """m1; without fraction scheduling stage 1 visits clients with the larger frac2."""
@@ -122,7 +131,8 @@ class FedCorrSettings:
 
     def stage3_rounds(self, num_clients: int) -> RoundSettings:
         """Stage 3's schedule: T3 rounds at frac2, or with ``comm_budget`` what stages 1-2 leave."""
-        return RoundSettings(train=self.train, num_rounds=self.t3, fraction=self.frac2)
+        train = self.train if self.stage3_learner is None else self.train.but(learner=self.stage3_learner)
+        return RoundSettings(train=train, num_rounds=self.t3, fraction=self.frac2)
 
     def t3_under(self, comm_budget: int | None, num_clients: int) -> int:
         """T3, or with a budget the stage-3 rounds left after stage 1 (T1 * N) and stage 2 (T2 * m)."""
@@ -227,8 +237,10 @@ class FedCorr(FederatedStrategy):
         if self.stage == FINETUNE:
             per_round = min(round_size(self.settings.frac2, len(self.federation.partition_ids)), len(self.clean))
             chosen = sample_clients(self.rng, self.clean, per_round)
+            train = self.settings.train
+            ins = TrainIns(server_round, train, schedule=train.schedule_at(self.settings.t2 - self._finetune_left))
             self._finetune_left -= 1
-            content = instruction(TrainIns(server_round, self.settings.train), arrays=arrays)
+            content = instruction(ins, arrays=arrays)
             return self.messages({pid: content for pid in chosen}, TRAIN)
         raise RuntimeError(f"FedCorr has no round {server_round}: its {self.planned_rounds()} rounds are done")
 
@@ -256,8 +268,10 @@ class FedCorr(FederatedStrategy):
 
     def _stage1_content(self, server_round: int, arrays: ArrayRecord, pid: int) -> RecordDict:
         s, ablation = self.settings, self.settings.ablation
+        mixup = ablation.mixup and s.mixup_alpha > 0
         training = s.train.but(
-            mixup_alpha=s.mixup_alpha if ablation.mixup else 0.0,
+            learner="mixup" if mixup else s.train.learner,
+            mixup_alpha=s.mixup_alpha if mixup else s.train.mixup_alpha,
             # mu_hat comes from the previous iteration (eq. 5); clean clients have none.
             prox_weight=s.beta * self.mu_hat[pid] if ablation.local_proximal else 0.0,
             prox_norm=s.prox_norm,
@@ -366,6 +380,8 @@ def _parse(cfg: Mapping[str, Any], prefix: str) -> FedCorrSettings:
 def _check(settings: FedCorrSettings, env: Environment) -> None:
     settings.t3_under(env.comm_budget, env.num_clients)
     method = round_method(settings.stage3, "strategy.stage3")
+    key = "strategy.train.learner" if settings.stage3_learner is None else "strategy.stage3_learner"
+    method.check_learner(settings.stage3_rounds(env.num_clients).train, settings.stage3, key)
     if method.check is not None:
         rounds = settings.stage3_rounds(env.num_clients)
         method.check(settings.stage3_options, rounds.round_size(env.num_clients), env,

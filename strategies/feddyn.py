@@ -11,7 +11,7 @@ averaged. The learning rate decays by ``lr_decay`` per FedDyn round (FedCorr App
 from __future__ import annotations
 
 from collections.abc import Collection, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -67,7 +67,8 @@ class FedDyn(FedAvg):
     """FedAvg's sampling with FedDyn's client objective and server correction.
 
     alpha: the dynamic regulariser's coefficient.
-    lr_decay: the local learning rate is ``train.lr * lr_decay ** r`` in FedDyn's r-th round (from 0).
+    lr_decay: the local learning rate is ``train.lr * lr_decay ** r`` in FedDyn's r-th round (from 0,
+        ``stage_rounds``).
     parameter_names: the model's parameter keys (``named_parameters``); the other arrays are buffers.
     Other arguments: see ``FedAvg``.
     """
@@ -80,12 +81,12 @@ class FedDyn(FedAvg):
         self.lr_decay = lr_decay
         self.parameter_names = tuple(parameter_names)
         self.h: dict[str, np.ndarray] = {}
-        self.rounds_done = 0
 
     def train_instruction(self, server_round: int) -> TrainIns:
         """FedAvg's instruction for the FedDyn client, at this FedDyn round's decayed learning rate."""
-        lr = self.train.lr * self.lr_decay ** self.rounds_done
-        return TrainIns(server_round, self.train.but(lr=lr), method=METHOD)
+        ins = super().train_instruction(server_round)
+        lr = self.train.lr * self.lr_decay ** self.stage_rounds
+        return replace(ins, training=ins.training.but(lr=lr), method=METHOD)
 
     def train_options(self) -> FedDynOptions:
         """The FedDyn client's ``alpha``."""
@@ -98,7 +99,6 @@ class FedDyn(FedAvg):
             as_numpy(self.global_arrays), client_states(replies), self.h, alpha=self.alpha,
             num_clients=len(self.federation.partition_ids), parameter_names=self.parameter_names,
         )
-        self.rounds_done += 1
         return as_record(new_global)
 
 
@@ -106,4 +106,5 @@ def _feddyn_arguments(options: FedDynSettings, env: Environment) -> dict[str, An
     return {"alpha": options.alpha, "lr_decay": options.lr_decay, "parameter_names": env.parameter_names}
 
 
-STRATEGY = round_entry("feddyn", RoundMethod(FedDynSettings, FedDyn, extra=_feddyn_arguments))
+# FedDyn's server state and client correction follow the parameters of one network.
+STRATEGY = round_entry("feddyn", RoundMethod(FedDynSettings, FedDyn, extra=_feddyn_arguments, two_networks=False))

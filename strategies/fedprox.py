@@ -5,7 +5,7 @@ No client module: the proximal term is part of every client's local training (``
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from common.validation import Number, check_fields, rule
 from protocol.messages import TrainIns
@@ -36,7 +36,8 @@ class FedProx(FedAvg):
 
     def train_instruction(self, server_round: int) -> TrainIns:
         """FedAvg's instruction with the proximal term: ``prox_weight`` = mu/2 on the squared norm."""
-        return TrainIns(server_round, self.train.but(prox_weight=self.mu / 2, prox_norm="squared"))
+        ins = super().train_instruction(server_round)
+        return replace(ins, training=ins.training.but(prox_weight=self.mu / 2, prox_norm="squared"))
 
 
 STRATEGY = round_entry("fedprox", RoundMethod(FedProxOptions, FedProx))

@@ -10,8 +10,9 @@ from __future__ import annotations
 import functools
 import importlib
 import pkgutil
+import typing
 from collections.abc import Callable, Mapping
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, fields, is_dataclass
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +24,11 @@ from strategies.base import FederatedStrategy
 from strategies.environment import Environment
 from strategies.rounds import RoundSettings
 from task.local_training import LocalTraining
+
+# The ``train`` block's nested option blocks (``lsr``, ``sce``, ``coteaching``): its dataclass fields.
+LEARNER_OPTIONS: dict[str, type] = {
+    name: hint for name, hint in typing.get_type_hints(LocalTraining).items() if isinstance(hint, type)
+    and is_dataclass(hint)}
 
 
 @dataclass(frozen=True)
@@ -51,19 +57,36 @@ class RoundMethod:
     cls: the strategy class; it takes FedAvg's arguments and one keyword per option.
     extra: (options, environment) -> further keyword arguments of ``cls`` (default: the options).
     check: (options, round size, environment, key) -> None; option checks that need the federation.
+    learner: the learner the method always trains with (FedLSR's ``lsr``); None: the ``train`` block's.
+    two_networks: whether it works with a learner that trains two networks (Co-teaching).
     """
 
     options: type
     cls: Callable[..., FederatedStrategy]
     extra: Callable[[Any, Environment], dict[str, Any]] | None = None
     check: Callable[[Any, int, Environment, str], None] | None = None
+    learner: str | None = None
+    two_networks: bool = True
+
+    def training(self, train: LocalTraining) -> LocalTraining:
+        """The local training the method's clients do, from the ``train`` block's."""
+        return train if self.learner is None else train.but(learner=self.learner)
+
+    def check_learner(self, train: LocalTraining, name: str, key: str) -> None:
+        """Refuse a learner the method cannot train with (``key``: where the learner was set)."""
+        if self.learner is not None and train.learner not in ("ce", self.learner):
+            raise ConfigError(f"{key}={train.learner} is invalid: {name} trains with learner {self.learner}")
+        if self.training(train).peers and not self.two_networks:
+            raise ConfigError(f"{key}={train.learner} is invalid: {name} works with one network; "
+                              "a learner that trains two (coteaching) needs another strategy")
 
     def make(self, rounds: RoundSettings, options: Any, env: Environment, rng: np.random.Generator,
              *, stage: str, num_rounds: int) -> FederatedStrategy:
         """The strategy for ``num_rounds`` rounds of ``rounds``' schedule, logging them as ``stage``."""
         extra = asdict(options) if self.extra is None else self.extra(options, env)
         return self.cls(num_rounds=num_rounds, fraction=rounds.fraction, min_clients=rounds.min_clients,
-                        train=rounds.train, stage=stage, rng=rng, skip_failed=env.skip_failed, **extra)
+                        train=self.training(rounds.train), stage=stage, new_network=env.new_network, rng=rng,
+                        skip_failed=env.skip_failed, **extra)
 
     def parse_options(self, cfg: Mapping[str, Any], prefix: str) -> Any:
         """The options dataclass from ``cfg`` (keys that are not options are ignored)."""
@@ -80,10 +103,15 @@ class RoundMethodSettings:
 
 
 def parse_training(cfg: Mapping[str, Any], prefix: str) -> LocalTraining:
-    """The ``train`` block of a strategy config as ``LocalTraining``."""
+    """The ``train`` block of a strategy config as ``LocalTraining``, the learners' options included."""
     if "train" not in cfg:
         raise ConfigError(f"{prefix}.train is missing: the strategy needs its local training settings")
-    return settings_from_mapping(LocalTraining, cfg["train"], f"{prefix}.train")
+    train, key = cfg["train"], f"{prefix}.train"
+    if not isinstance(train, Mapping):
+        raise InvalidValue(key, train, "a mapping of local training settings")
+    options: dict[str, Any] = {name: settings_from_mapping(kind, train.get(name) or {}, f"{key}.{name}")
+                               for name, kind in LEARNER_OPTIONS.items()}
+    return settings_from_mapping(LocalTraining, train, key, **options)
 
 
 def round_entry(name: str, method: RoundMethod) -> StrategyEntry:
@@ -103,6 +131,7 @@ def round_entry(name: str, method: RoundMethod) -> StrategyEntry:
 
     def check(settings: RoundMethodSettings, env: Environment) -> None:
         settings.rounds.check_for(env.num_clients, env.comm_budget, "strategy")
+        method.check_learner(settings.rounds.train, name, "strategy.train.learner")
         if method.check is not None:
             method.check(settings.options, settings.rounds.round_size(env.num_clients), env, "strategy")
 

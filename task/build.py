@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 import torch
 
 from data.sources.base import Dataset
 from data.transforms import BatchTransform, TransformPair
 from models import ModelSpec, build_model
+from models.peer_pair import PeerPair, is_pair_state
 
 
 def model_for(spec: ModelSpec, dataset: Dataset, transforms: TransformPair) -> torch.nn.Module:
@@ -20,3 +23,12 @@ def model_for(spec: ModelSpec, dataset: Dataset, transforms: TransformPair) -> t
 def transforms_for(transforms: TransformPair, dataset: Dataset) -> tuple[BatchTransform, BatchTransform]:
     """(train, eval) batch transforms for the dataset's normalisation."""
     return transforms.build(dataset.mean, dataset.std)
+
+
+def model_for_state(spec: ModelSpec, dataset: Dataset, transforms: TransformPair,
+                    state_keys: Iterable[str]) -> torch.nn.Module:
+    """A fresh model that loads a state with ``state_keys``: ``model_for``'s network, or a
+    ``PeerPair`` of two of them for a pair's state (Co-teaching's ``first.``/``second.`` keys)."""
+    if is_pair_state(state_keys):
+        return PeerPair(model_for(spec, dataset, transforms), model_for(spec, dataset, transforms))
+    return model_for(spec, dataset, transforms)

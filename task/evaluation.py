@@ -11,6 +11,7 @@ from common.errors import ConfigError
 from common.validation import check_int
 from data.sources.base import ImageArray
 from data.transforms import BatchTransform
+from models.peer_pair import PeerPair
 from task.batches import ImageBatches, check_labels_fit, label_tensor
 from task.scores import Scores
 
@@ -90,7 +91,13 @@ def evaluate(
     batch_size: int = 256,
     device: torch.device | str = "cpu",
 ) -> Scores:
-    """The model's mean cross-entropy and accuracy on ``images`` with ``labels``."""
+    """The model's mean cross-entropy and accuracy on ``images`` with ``labels``. A ``PeerPair``
+    scores as the mean of its two networks' scores (how FedLSR reports Co-teaching)."""
+    if isinstance(model, PeerPair):
+        each = [evaluate(member, images, labels, transform, batch_size=batch_size, device=device)
+                for member in model.members]
+        return Scores(loss=sum(s.loss for s in each) / 2, accuracy=sum(s.accuracy for s in each) / 2,
+                      num_examples=each[0].num_examples)
     targets = label_tensor(labels, len(images))
     logits = predict_logits(model, images, transform, batch_size=batch_size, device=device)
     losses = _losses(logits, targets)

@@ -9,9 +9,15 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from common.errors import InvalidValue
 from common.validation import Choice, Integer, Real, check_fields, rule
+from task.learner_options import LEARNERS, CoteachingOptions, LearnerSchedule, LsrOptions, SceOptions
 
 PROX_NORMS = ("squared", "l2")
+
+# Each learner's options travel under their own name in a train message (``lsr.gamma``); the key is
+# the one protocol.codec reads (``NAMESPACED``).
+_OWN_KEYS = {"namespaced": True}
 
 
 @dataclass(frozen=True)
@@ -22,8 +28,11 @@ class LocalTraining:
     lr: the learning rate (> 0).
     momentum: SGD momentum in [0, 1); weight_decay: L2 weight decay (>= 0).
     epochs: passes over the local set; batch_size: samples per step.
-    mixup_alpha: 0 trains on the batches as they are; > 0 mixes each batch with a random permutation
-        of itself using one lambda ~ Beta(alpha, alpha) per batch.
+    learner: the local objective (``task/learners/``): ``ce`` | ``mixup`` | ``sce`` | ``coteaching``
+        | ``lsr``.
+    mixup_alpha: the ``mixup`` learner's Beta(alpha, alpha) (> 0 when it is used): each batch is mixed
+        with a random permutation of itself using one lambda per batch.
+    lsr, sce, coteaching: the options of those learners (``task.learner_options``).
     prox_weight: 0 adds nothing; > 0 adds prox_weight * prox(w, w_global) to the loss. FedCorr's
         weight is beta * mu_hat_k; FedProx's mu/2 with ``squared``.
     prox_norm: ``squared`` is ||w - w_global||^2 (FedCorr eq. 5); ``l2`` is the unsquared norm.
@@ -34,12 +43,32 @@ class LocalTraining:
     weight_decay: float = field(default=0.0, metadata=rule(Real(low=0)))
     epochs: int = field(default=5, metadata=rule(Integer(low=1)))
     batch_size: int = field(default=10, metadata=rule(Integer(low=1)))
-    mixup_alpha: float = field(default=0.0, metadata=rule(Real(low=0)))
+    learner: str = field(default="ce", metadata=rule(Choice(LEARNERS)))
+    mixup_alpha: float = field(default=1.0, metadata=rule(Real(low=0)))
     prox_weight: float = field(default=0.0, metadata=rule(Real(low=0)))
     prox_norm: str = field(default="squared", metadata=rule(Choice(PROX_NORMS)))
+    lsr: LsrOptions = field(default_factory=LsrOptions, metadata=_OWN_KEYS)
+    sce: SceOptions = field(default_factory=SceOptions, metadata=_OWN_KEYS)
+    coteaching: CoteachingOptions = field(default_factory=CoteachingOptions, metadata=_OWN_KEYS)
 
     def __post_init__(self) -> None:
         check_fields(self)
+        if self.learner == "mixup" and self.mixup_alpha <= 0:
+            raise InvalidValue("mixup_alpha", self.mixup_alpha, "a number > 0 with learner=mixup")
+        if self.learner == "coteaching" and self.coteaching.forget_rate is None:
+            raise InvalidValue("coteaching.forget_rate", None, "a number in [0, 1): Co-teaching drops that "
+                               "share of each batch and needs it set (usually the expected noise rate)")
+
+    @property
+    def peers(self) -> bool:
+        """Whether the learner trains two networks (Co-teaching): the global model is then a pair."""
+        return self.learner == "coteaching"
+
+    def schedule_at(self, stage_round: int) -> LearnerSchedule:
+        """What the server sends for the learner in a stage's round ``stage_round`` (counted from 0)."""
+        return LearnerSchedule(
+            distill_weight=self.lsr.weight_at(stage_round) if self.learner == "lsr" else 0.0,
+            forget_rate=self.coteaching.forget_at(stage_round) if self.learner == "coteaching" else 0.0)
 
     def but(self, **changes: Any) -> LocalTraining:
         """A copy with ``changes`` (checked like any new instance)."""

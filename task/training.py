@@ -1,20 +1,21 @@
-"""Local SGD on one client's data: optional mixup and an optional proximal pull toward the global model."""
+"""Local SGD on one client's data with a local learner's objective (``task/learners/``), an optional
+proximal pull toward the global model and FedDyn's optional linear term."""
 
 from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from common.errors import ConfigError, InvalidValue
 from data.sources.base import ImageArray
 from data.transforms import BatchTransform
 from task.batches import ImageBatches, check_labels_fit, label_tensor
+from task.learner_options import LearnerSchedule
+from task.learners import Batch, make_learner
 from task.local_training import LocalTraining, TrainStats
 
 _BATCHNORMS = (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d, nn.SyncBatchNorm)
@@ -51,36 +52,17 @@ def _proximal(params: Sequence[nn.Parameter], anchor: Sequence[torch.Tensor], sq
     return distance.square() if squared else distance
 
 
-@dataclass(frozen=True)
-class _Mix:
-    """One batch's mixup: each sample weighted ``lam``, its partner ``sample[partner]`` 1 - lam."""
-
-    lam: float
-    partner: torch.Tensor
-
-    def inputs(self, x: torch.Tensor) -> torch.Tensor:
-        return torch.lerp(x[self.partner], x, self.lam)
-
-    def loss(self, out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        # Cross-entropy against the mixed one-hot targets, without building them.
-        return self.lam * F.cross_entropy(out, y) + (1 - self.lam) * F.cross_entropy(out, y[self.partner])
-
-
-class _Mixup:
-    """Draws a lambda ~ Beta(alpha, alpha) and a partner permutation per batch, all from ``generator``."""
-
-    def __init__(self, alpha: float, generator: torch.Generator, device: torch.device) -> None:
-        self.alpha = alpha
-        self.generator = generator
-        self.device = device
-        # torch has no Beta sampler that takes a generator; a NumPy stream seeded from it keeps one source.
-        seed = torch.randint(0, 2**63 - 1, (1,), generator=generator, device=generator.device)
-        self._rng = np.random.default_rng(int(seed))
-
-    def draw(self, batch: int) -> _Mix:
-        lam = float(self._rng.beta(self.alpha, self.alpha))
-        partner = torch.randperm(batch, generator=self.generator, device=self.generator.device)
-        return _Mix(lam, partner.to(self.device))
+def _output_width(model: nn.Module, x: torch.Tensor) -> int:
+    """The number of outputs of ``model`` on input ``x``, from one evaluation-mode pass without
+    gradients (no state changes): labels are checked against it before the first loss, because an
+    out-of-range label is a device assert on CUDA."""
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.no_grad():
+            return int(model(x).shape[1])
+    finally:
+        model.train(was_training)
 
 
 def train_local(
@@ -94,20 +76,24 @@ def train_local(
     device: torch.device | str = "cpu",
     global_params: Sequence[torch.Tensor] | None = None,
     linear_terms: Sequence[torch.Tensor] | None = None,
+    schedule: LearnerSchedule | None = None,
 ) -> TrainStats:
     """SGD for ``cfg.epochs`` epochs over the local set, reshuffled each epoch; trains ``model`` in place.
 
     images: uint8 (n, C, H, W); labels: the n labels to train on. ``transform`` turns each uint8
-    batch into the network input; every random choice (order, augmentation, mixup) comes from
-    ``generator``. The model is moved to ``device`` and left in the train/eval mode it came in.
+    batch into the network input; the loss is ``cfg.learner``'s; every random choice (order,
+    augmentation, the learner's draws) comes from ``generator``. The model is moved to ``device`` and
+    left in the train/eval mode it came in.
     The last partial batch is kept, except a batch of one image when the model has BatchNorm layers,
     which cannot normalise a single sample in train mode: that batch is skipped.
     global_params: the global model's tensors in ``model.parameters()`` order (BatchNorm buffers are
     not parameters); needed when ``cfg.prox_weight > 0``, ignored otherwise.
     linear_terms: FedDyn's correction g (one tensor per parameter, same order); the objective then
     also subtracts the linear term <g, w> (Acar et al. 2021, Algorithm 1).
+    schedule: the learner's values for this round from the server (default: none scheduled).
 
-    Returns the run's ``TrainStats``: n, the last epoch's mean batch loss, the steps taken.
+    Returns the run's ``TrainStats``: n, the last epoch's mean batch loss as the learner reports it
+    (without regularisers), the steps taken.
     """
     if not isinstance(cfg, LocalTraining):
         raise ConfigError(f"cfg of type {type(cfg).__name__} is invalid: allowed is a LocalTraining")
@@ -119,7 +105,6 @@ def train_local(
     batches = ImageBatches(images, device)
     n = len(batches)
     targets = label_tensor(labels, n).to(device)
-    top_label = int(targets.max())
     has_batchnorm = any(isinstance(m, _BATCHNORMS) for m in model.modules())
     if has_batchnorm and cfg.batch_size == 1:
         raise InvalidValue("batch_size", 1, "a model with BatchNorm needs batches of 2 or more")
@@ -131,7 +116,10 @@ def train_local(
             raise ConfigError("prox_weight > 0 needs global_params: the global model's parameters")
         anchor = _param_copies("global_params", params, global_params, device)
     linear = None if linear_terms is None else _param_copies("linear_terms", params, linear_terms, device)
-    mixup = _Mixup(cfg.mixup_alpha, generator, device) if cfg.mixup_alpha > 0 else None
+    learner = make_learner(cfg, schedule or LearnerSchedule(), generator)
+    # A throwaway generator: the check must not move the training's random stream.
+    probe = transform(batches(torch.zeros(1, dtype=torch.long)), torch.Generator(generator.device).manual_seed(0))
+    check_labels_fit(int(targets.max()), _output_width(model, probe))
     squared = cfg.prox_norm == "squared"
     optimizer = torch.optim.SGD(params, lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay)
 
@@ -147,15 +135,8 @@ def train_local(
             for rows in order.split(cfg.batch_size):
                 if has_batchnorm and rows.numel() == 1:
                     continue
-                x = transform(batches(rows), generator)
-                y = targets[rows]
-                mix = None if mixup is None else mixup.draw(rows.numel())
-                out = model(x if mix is None else mix.inputs(x))
-                if steps == 0:
-                    # Checked before the first loss: an out-of-range label is a device assert on CUDA.
-                    check_labels_fit(top_label, out.shape[1])
-                loss = F.cross_entropy(out, y) if mix is None else mix.loss(out, y)
-                objective = loss
+                loss = learner(model, Batch(batches(rows), targets[rows], transform, generator))
+                objective = loss.objective
                 if anchor is not None:
                     objective = objective + cfg.prox_weight * _proximal(params, anchor, squared)
                 if linear is not None:
@@ -163,7 +144,7 @@ def train_local(
                 optimizer.zero_grad()
                 objective.backward()
                 optimizer.step()
-                loss_sum += loss.detach()
+                loss_sum += loss.reported.detach()
                 epoch_steps += 1
                 steps += 1
     finally:

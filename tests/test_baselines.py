@@ -106,7 +106,7 @@ def test_feddyn_sends_alpha_and_decays_the_learning_rate():
                             reply(TrainRes(50, 1.0, 1), arrays=ArrayRecord({"w": Array(np.ones(2, np.float32))})))
                    for m in messages]
         arrays, _ = strategy.aggregate_train(server_round, replies)
-    assert strategy.rounds_done == 2 and "w" in strategy.h
+    assert strategy.stage_rounds == 2 and "w" in strategy.h
 
 
 def test_feddyn_client_state_survives_a_new_context_record():
@@ -221,7 +221,7 @@ def build(overrides: list[str], parameter_names=("w",)):
     (["strategy=fedavg", "strategy.train.lr=0"], r"strategy.train.lr=0 is invalid: allowed is a finite number > 0"),
     (["strategy=fedavg", "+strategy.mu=1"], r"strategy config has unknown keys \['mu'\]"),
     (["strategy.stage3=poc", "strategy.stage3_options.poc.d=3"], r"strategy.stage3_options.poc.d=3 is invalid"),
-    (["strategy.stage3=scaffold"], r"strategy.stage3='scaffold' is unknown: allowed are fedavg, feddyn, fedmedian"),
+    (["strategy.stage3=scaffold"], r"strategy.stage3='scaffold' is unknown: allowed are fedavg, feddyn, fedlsr"),
     (["strategy.ablation.mixup=maybe"], r"strategy.ablation.mixup='maybe' is invalid: allowed is true or false"),
     (["+strategy.ablation.noise=false"], r"strategy.ablation config has unknown keys \['noise'\]"),
     (["strategy.frac2=0"], r"strategy.frac2=0 is invalid"),

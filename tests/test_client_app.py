@@ -6,7 +6,7 @@ from flwr.app import ConfigRecord, Context, RecordDict
 
 from client import app as client_app
 from common.errors import ConfigError
-from protocol.codec import ProtocolError
+from protocol.codec import ProtocolError, encode
 from protocol.feddyn import FedDynOptions
 from protocol.messages import METRICS, NodeInfo, Scores, TrainIns, TrainRes, instruction, read_reply
 from task.local_training import LocalTraining
@@ -49,8 +49,7 @@ def test_evaluate_scores_the_local_set(run, incoming, node_context):
 
 def test_a_bad_train_instruction_names_the_sender_and_the_key(run, incoming, node_context):
     overrides, _, arrays = run
-    config = {"server-round": 1, "lr": -1.0, "momentum": 0.5, "weight-decay": 0.0, "epochs": 1, "batch-size": 16,
-              "mixup-alpha": 0.0, "prox-weight": 0.0, "prox-norm": "squared", "method": ""}
+    config = {**encode(TrainIns(1, LocalTraining(lr=0.1, epochs=1, batch_size=16))), "lr": -1.0}
     content = RecordDict({"arrays": arrays, "config": ConfigRecord(config)})
     with pytest.raises(ProtocolError,
                        match="the server sent a bad message: key 'lr' is invalid: allowed is a finite number > 0"):

@@ -16,7 +16,7 @@ from protocol.messages import TrainIns, instruction, read_extra, read_reply
 from task.evaluation import loss_and_proba
 from task.local_training import LocalTraining
 
-TRAINING = LocalTraining(lr=0.05, epochs=1, batch_size=16, mixup_alpha=1.0, prox_weight=0.5)
+TRAINING = LocalTraining(lr=0.05, epochs=1, batch_size=16, learner="mixup", prox_weight=0.5)
 
 
 @pytest.fixture(scope="module")

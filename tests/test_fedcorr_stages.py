@@ -91,9 +91,9 @@ def test_each_table_6_switch_removes_its_component(run_inprocess, switch):
         # Iteration 2 pulls each noisy client towards the global model with beta * mu_hat.
         assert any(config["prox-weight"] > 0 for config in stage1[N:])
     if switch == "mixup":
-        assert all(config["mixup-alpha"] == 0.0 for config in stage1)
+        assert all(config["learner"] == "ce" for config in stage1)
     else:
-        assert all(config["mixup-alpha"] == 1.0 for config in stage1)
+        assert all(config["learner"] == "mixup" and config["mixup-alpha"] == 1.0 for config in stage1)
     expected = ["preprocess"] * (2 * N) + ["finetune"] * (0 if switch == "finetuning" else 2) \
         + ["usual"] * (0 if switch == "usual_training" else 2)
     assert stages(payload) == expected

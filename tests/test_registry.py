@@ -9,7 +9,7 @@ from strategies.registry import entries, names, round_method
 
 
 def test_every_strategy_module_registers_under_its_config_name():
-    assert names() == ("fedavg", "fedcorr", "feddyn", "fedmedian", "fedprox", "poc")
+    assert names() == ("fedavg", "fedcorr", "feddyn", "fedlsr", "fedmedian", "fedprox", "poc")
     assert set(names()) == set(group_options("strategy")), "one conf/strategy/<name>.yaml per registered strategy"
     assert [name for name, entry in entries().items() if entry.round_method is None] == ["fedcorr"]
     assert round_method("feddyn", "strategy.stage3").options.__name__ == "FedDynSettings"

@@ -156,7 +156,7 @@ def test_proximal_pull_is_towards_the_given_weights_not_the_starting_ones(local)
 
 def test_mixup_changes_training(local) -> None:
     plain, plain_metrics = _train(local, LocalTraining(lr=0.05, epochs=1))
-    mixed, mixed_metrics = _train(local, LocalTraining(lr=0.05, epochs=1, mixup_alpha=1.0))
+    mixed, mixed_metrics = _train(local, LocalTraining(lr=0.05, epochs=1, learner="mixup"))
     assert not torch.equal(_flat(plain), _flat(mixed))
     # Mixed targets are harder to fit: the training loss stays higher.
     assert mixed_metrics.train_loss > plain_metrics.train_loss
@@ -170,15 +170,15 @@ def test_mixup_pairs_each_image_with_its_own_label(local) -> None:
     plain, mixed = _model(), _model()
     cfg = LocalTraining(lr=0.05, epochs=8, batch_size=100)
     train_local(plain, images[:100], labels[:100], train_tf, cfg, generator=_gen(0))
-    mixup = LocalTraining(lr=0.05, epochs=8, batch_size=100, mixup_alpha=1e-3)
+    mixup = LocalTraining(lr=0.05, epochs=8, batch_size=100, learner="mixup", mixup_alpha=1e-3)
     train_local(mixed, images[:100], labels[:100], train_tf, mixup, generator=_gen(0))
     torch.testing.assert_close(_flat(mixed), _flat(plain), rtol=1e-4, atol=1e-5)
 
 
-@pytest.mark.parametrize("alpha", [0.0, 1.0])
-def test_every_random_choice_comes_from_the_generator(local, digits, alpha: float) -> None:
+@pytest.mark.parametrize("learner", ["ce", "mixup", "sce", "lsr"])
+def test_every_random_choice_comes_from_the_generator(local, digits, learner: str) -> None:
     (images, labels), _, _, _ = local
-    cfg = LocalTraining(lr=0.05, epochs=1, mixup_alpha=alpha)
+    cfg = LocalTraining(lr=0.05, epochs=1, learner=learner)
     runs = []
     for global_seed, seed in [(1, 7), (2, 7), (1, 8)]:
         model = _model()
@@ -195,7 +195,7 @@ def test_lazy_images_give_the_same_results_as_an_array(local, digits) -> None:
     # Arrays are copied to the device once; lazy ones (Clothing1M) are read batch by batch.
     (images, labels), (test_x, test_y), _, eval_tf = local
     lazy = IndexedImages(np.asarray(images), np.arange(N_TRAIN))
-    cfg = LocalTraining(lr=0.05, epochs=1, mixup_alpha=1.0)
+    cfg = LocalTraining(lr=0.05, epochs=1, learner="mixup")
     array_model, lazy_model = _model(), _model()
     train_local(array_model, images, labels, _shifting(digits), cfg, generator=_gen(3))
     train_local(lazy_model, lazy, labels, _shifting(digits), cfg, generator=_gen(3))

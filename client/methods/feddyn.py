@@ -72,7 +72,8 @@ def feddyn_train(node: LocalNode, context: Context, arrays: ArrayRecord, ins: Tr
     names = node.parameter_names
     correction = load_correction(context, node.partition_id, {name: global_state[name] for name in names})
     model, stats = local_update(node, global_state, training, ins.server_round,
-                                labels=current_labels(context, node), linear_terms=correction)
+                                labels=current_labels(context, node), linear_terms=correction,
+                                schedule=ins.schedule)
     local = dict(model.named_parameters())
     store_correction(context, node.partition_id, names,
                      updated_correction(correction, local, global_state, names, options.alpha))

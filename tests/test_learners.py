@@ -1,0 +1,270 @@
+"""Local learners: each loss on small hand-computed inputs, the server's schedules, the second view,
+Co-teaching's pair, and every learner end to end on the smoke preset, standalone and as FedCorr's stage 3."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from torch import nn
+
+from common.errors import ConfigError
+from data.second_view import _shift_hue, colour_distort, rotate, second_view
+from models.peer_pair import PeerPair, is_pair_state
+from protocol.messages import CONFIG, TRAIN
+from server.config import load_run
+from settings.compose import compose_config
+from task.evaluation import evaluate
+from task.learner_options import CoteachingOptions, LsrOptions, SceOptions
+from task.learners import Batch
+from task.learners.coteaching import Coteaching, kept_count
+from task.learners.lsr import classification_loss, distillation, lsr_loss, sharpen, tempered
+from task.learners.sce import reverse_cross_entropy, symmetric_cross_entropy
+from task.local_training import LocalTraining
+
+SMOKE = "experiment=smoke"
+
+
+# --- LSR -------------------------------------------------------------------------------------------
+
+def test_sharpening_squares_and_renormalises_at_t_one_half():
+    p = torch.tensor([[0.6, 0.4], [0.5, 0.5]])
+    expected = torch.tensor([[0.36 / 0.52, 0.16 / 0.52], [0.5, 0.5]])
+    assert torch.allclose(sharpen(p, 0.5), expected)
+    assert torch.allclose(sharpen(p, 1.0), p)
+
+
+def test_classification_loss_text_and_code_readings():
+    p_s = torch.tensor([[0.8, 0.2], [0.3, 0.7]])
+    labels = torch.tensor([0, 0])
+    # Text: -log p_s[y], averaged.
+    assert classification_loss(p_s, labels, "nll").item() == pytest.approx(-(math.log(0.8) + math.log(0.3)) / 2)
+    # Code: cross-entropy with p_s as logits: -log(e^{p_y} / sum e^{p_j}); bounded by log(1 + e).
+    code = [-math.log(math.exp(0.8) / (math.exp(0.8) + math.exp(0.2))),
+            -math.log(math.exp(0.3) / (math.exp(0.3) + math.exp(0.7)))]
+    assert classification_loss(p_s, labels, "logits_ce").item() == pytest.approx(sum(code) / 2)
+
+
+def test_tempered_predictions_at_t_d_one_third_and_their_floor():
+    logits = torch.tensor([[0.0, math.log(2.0)], [0.0, 100.0]])
+    q = tempered(logits, 1 / 3)
+    # softmax([0, 3 ln 2]) = [1/9, 8/9]; the second row's tiny entry is clamped to 1e-6.
+    assert torch.allclose(q[0], torch.tensor([1 / 9, 8 / 9]))
+    assert q[1, 0].item() == pytest.approx(1e-6)
+
+
+def test_js_and_l1_distillation_by_hand():
+    q1 = torch.tensor([[0.5, 0.5]])
+    q2 = torch.tensor([[0.9, 0.1]])
+    # U = [0.7, 0.3]; KL(q1 || U) and KL(q2 || U) worked out term by term.
+    kl1 = 0.5 * math.log(0.5 / 0.7) + 0.5 * math.log(0.5 / 0.3)
+    kl2 = 0.9 * math.log(0.9 / 0.7) + 0.1 * math.log(0.1 / 0.3)
+    assert distillation(q1, q2, "js", "sum").item() == pytest.approx((kl1 + kl2) / 2, rel=1e-5)
+    assert distillation(q1, q2, "js", "elementwise_mean").item() == pytest.approx((kl1 + kl2) / 4, rel=1e-5)
+    assert distillation(q1, q2, "l1", "sum").item() == pytest.approx(0.8)
+    assert distillation(q1, q1, "js", "sum").item() == pytest.approx(0.0, abs=1e-7)
+
+
+def test_lsr_objective_adds_the_weighted_distillation_and_reports_the_classification_loss():
+    o1 = torch.tensor([[2.0, 0.0, -1.0]])
+    o2 = torch.tensor([[0.0, 1.0, 0.0]])
+    labels = torch.tensor([1])
+    options = LsrOptions()
+    lam = 0.25
+    mixed = lam * torch.softmax(o1, 1) + (1 - lam) * torch.softmax(o2, 1)
+    cls = -math.log(sharpen(mixed, 0.5)[0, 1].item())
+    reg = distillation(tempered(o1, 1 / 3), tempered(o2, 1 / 3), "js", "sum").item()
+    loss = lsr_loss(o1, o2, labels, lam, 0.6, options)
+    assert loss.reported.item() == pytest.approx(cls, rel=1e-5)
+    assert loss.objective.item() == pytest.approx(cls + 0.6 * reg, rel=1e-5)
+    assert lsr_loss(o1, o2, labels, lam, 0.0, options).objective.item() == pytest.approx(cls, rel=1e-5)
+    # LSR+: the mean entropy of the two views' predictions, weighted by lambda_e.
+    entropy = sum(-(p * p.log()).sum().item() for p in (torch.softmax(o1, 1), torch.softmax(o2, 1))) / 2
+    plus = lsr_loss(o1, o2, labels, lam, 0.0, LsrOptions(entropy_weight=0.5))
+    assert plus.objective.item() == pytest.approx(cls + 0.5 * entropy, rel=1e-5)
+
+
+def test_gamma_rises_linearly_over_the_warm_up_then_stays():
+    options = LsrOptions(gamma=0.6, warmup_rounds=20)
+    assert [options.weight_at(t) for t in (0, 10, 19, 20, 50)] == pytest.approx([0.0, 0.3, 0.57, 0.6, 0.6])
+    assert LsrOptions(gamma=0.6, warmup_rounds=0).weight_at(0) == 0.6
+
+
+# --- SCE and Co-teaching ---------------------------------------------------------------------------
+
+def test_reverse_cross_entropy_clamps_log_zero_at_the_label_floor():
+    logits = torch.tensor([[math.log(0.7), math.log(0.2), math.log(0.1)]])
+    labels = torch.tensor([0])
+    # RCE = -sum_c p_c log q_c = -log(1e-4) * (1 - p_y).
+    assert reverse_cross_entropy(logits, labels, 1e-4).item() == pytest.approx(-math.log(1e-4) * 0.3, rel=1e-5)
+    options = SceOptions(alpha=0.1, beta=1.0)
+    expected = 0.1 * -math.log(0.7) + 1.0 * -math.log(1e-4) * 0.3
+    assert symmetric_cross_entropy(logits, labels, options).item() == pytest.approx(expected, rel=1e-5)
+
+
+def test_coteaching_keeps_the_small_loss_share_and_ramps_its_forget_rate():
+    assert [kept_count(10, rate) for rate in (0.0, 0.25, 0.5, 0.99)] == [10, 7, 5, 1]
+    options = CoteachingOptions(forget_rate=0.4, ramp_rounds=10)
+    assert [options.forget_at(t) for t in (0, 5, 10, 30)] == pytest.approx([0.0, 0.2, 0.4, 0.4])
+
+
+class _Fixed(nn.Module):
+    """A network whose logits are a fixed table per input row index (the input is the index)."""
+
+    def __init__(self, table: torch.Tensor) -> None:
+        super().__init__()
+        self.table = nn.Parameter(table.clone())
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.table[x.long().view(-1)]
+
+
+def test_each_coteaching_network_learns_from_the_rows_its_peer_kept():
+    labels = torch.tensor([0, 0, 0, 0])
+    # First network finds rows 0, 1 easy; second finds rows 2, 3 easy.
+    first = _Fixed(torch.tensor([[5.0, 0.0], [4.0, 0.0], [0.0, 1.0], [0.0, 2.0]]))
+    second = _Fixed(torch.tensor([[0.0, 2.0], [0.0, 1.0], [4.0, 0.0], [5.0, 0.0]]))
+    pair = PeerPair(first, second)
+    batch = Batch(torch.arange(4).view(4, 1, 1, 1), labels, lambda x, g: x, torch.Generator())  # type: ignore[arg-type]
+    loss = Coteaching(forget_rate=0.5)(pair, batch)
+    loss.objective.backward()
+    # First trains on rows 2, 3 (second's picks), second on rows 0, 1 (first's picks).
+    assert first.table.grad is not None and second.table.grad is not None
+    assert torch.count_nonzero(first.table.grad[:2]) == 0 and torch.count_nonzero(first.table.grad[2:]) == 4
+    assert torch.count_nonzero(second.table.grad[2:]) == 0 and torch.count_nonzero(second.table.grad[:2]) == 4
+    ce = torch.nn.functional.cross_entropy
+    expected = ce(first.table[2:], labels[2:]) + ce(second.table[:2], labels[:2])
+    assert loss.objective.item() == pytest.approx(expected.item())
+
+
+def test_a_pair_scores_as_the_mean_of_its_networks(digits):
+    from data.transforms import TransformPair, TransformSpec
+
+    _, eval_tf = TransformPair(TransformSpec(), TransformSpec()).build(digits.mean, digits.std)
+    torch.manual_seed(0)
+    nets = [nn.Sequential(nn.Flatten(), nn.Linear(64, 10)) for _ in range(2)]
+    images, labels = digits.test.images[:200], digits.test.labels[:200]
+    each = [evaluate(net, images, labels, eval_tf) for net in nets]
+    both = evaluate(PeerPair(*nets), images, labels, eval_tf)
+    assert both.accuracy == pytest.approx((each[0].accuracy + each[1].accuracy) / 2)
+    assert both.loss == pytest.approx((each[0].loss + each[1].loss) / 2)
+    assert is_pair_state(PeerPair(*nets).state_dict()) and not is_pair_state(nets[0].state_dict())
+
+
+# --- the second view -------------------------------------------------------------------------------
+
+def test_rotation_is_drawn_per_image_or_per_batch_from_the_generator():
+    image = torch.zeros(1, 1, 28, 28, dtype=torch.uint8)
+    image[0, 0, 4:24, 12:16] = 255  # a vertical bar
+    batch = image.repeat(6, 1, 1, 1)
+    per_image = rotate(batch, torch.Generator().manual_seed(1))
+    per_batch = rotate(batch, torch.Generator().manual_seed(1), per_sample=False)
+    assert per_image.dtype == torch.uint8 and per_image.shape == batch.shape
+    assert len({bytes(view.numpy()) for view in per_image}) > 1
+    assert len({bytes(view.numpy()) for view in per_batch}) == 1
+    assert torch.equal(per_image, rotate(batch, torch.Generator().manual_seed(1)))
+    # A rotation within 30 degrees moves the bar but keeps most of its mass.
+    assert 0.6 < per_image.float().sum().item() / batch.float().sum().item() < 1.2
+
+
+def test_colour_distortion_keeps_shape_and_a_zero_hue_shift_is_the_identity():
+    rgb = torch.rand(4, 3, 8, 8, generator=torch.Generator().manual_seed(0))
+    assert torch.allclose(_shift_hue(rgb, torch.zeros(4)), rgb, atol=1e-5)
+    # A half-turn of hue on pure red gives cyan.
+    red = torch.zeros(1, 3, 1, 1)
+    red[0, 0] = 1.0
+    assert torch.allclose(_shift_hue(red, torch.tensor([0.5])).view(3), torch.tensor([0.0, 1.0, 1.0]), atol=1e-5)
+    images = (rgb * 255).to(torch.uint8)
+    view = colour_distort(images, torch.Generator().manual_seed(2))
+    assert view.shape == images.shape and view.dtype == torch.uint8 and not torch.equal(view, images)
+    assert torch.equal(second_view(images, torch.Generator().manual_seed(2)), view)
+    with pytest.raises(ValueError, match="1 or 3 channels"):
+        second_view(torch.zeros(1, 2, 4, 4, dtype=torch.uint8), torch.Generator())
+
+
+# --- settings --------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize(("overrides", "message"), [
+    (["strategy=fedavg", "strategy.train.learner=coteaching"],
+     r"strategy.train.coteaching.forget_rate=None is invalid: a number in \[0, 1\)"),
+    (["strategy=fedavg", "strategy.train.learner=dividemix"], r"strategy.train.learner='dividemix' is invalid"),
+    (["strategy=fedavg", "strategy.train.lsr.distill=kl"],
+     r"strategy.train.lsr.distill='kl' is invalid: allowed are js, l1, none"),
+    (["strategy=fedavg", "strategy.train.learner=mixup", "strategy.train.mixup_alpha=0"],
+     r"strategy.train.mixup_alpha=0 is invalid: a number > 0 with learner=mixup"),
+    (["strategy=feddyn", "strategy.train.learner=coteaching", "strategy.train.coteaching.forget_rate=0.2"],
+     r"strategy.train.learner=coteaching is invalid: feddyn works with one network"),
+    (["strategy=fedcorr", "strategy.train.learner=coteaching", "strategy.train.coteaching.forget_rate=0.2"],
+     r"strategy.train.learner='coteaching' is invalid: a learner of one network"),
+    (["strategy=fedcorr", "strategy.stage3=fedlsr", "strategy.stage3_learner=sce"],
+     r"strategy.stage3_learner=sce is invalid: fedlsr trains with learner lsr"),
+    (["strategy=fedcorr", "strategy.stage3=feddyn", "strategy.stage3_learner=coteaching",
+      "strategy.train.coteaching.forget_rate=0.2"], r"strategy.stage3_learner=coteaching is invalid: feddyn works"),
+])
+def test_bad_learner_settings_are_one_clear_error(overrides, message):
+    with pytest.raises(ConfigError, match=message):
+        load_run(compose_config(overrides))
+
+
+def test_the_fedlsr_preset_is_the_papers_protocol():
+    plan = load_run(compose_config(["experiment=fedlsr_fmnist", "strategy=fedlsr"]))
+    rounds = plan.strategy.settings.rounds
+    assert (plan.settings.num_clients, plan.settings.model.name) == (100, "cnn9")
+    assert (rounds.num_rounds, rounds.fraction) == (100, 0.05)
+    assert rounds.train == LocalTraining(lr=0.15, momentum=0.9, weight_decay=1e-4, epochs=5, batch_size=60,
+                                         learner="lsr", lsr=rounds.train.lsr)
+    assert (rounds.train.lsr.warmup_rounds, rounds.train.lsr.distill) == (20, "js")
+
+
+# --- end to end on the smoke preset ----------------------------------------------------------------
+
+def _schedules(grid) -> list[tuple[str, float, float]]:
+    return [(m.content[CONFIG]["learner"], m.content[CONFIG]["schedule.distill-weight"],
+             m.content[CONFIG]["schedule.forget-rate"])
+            for m in grid.delivered if m.metadata.message_type == TRAIN]
+
+
+@pytest.mark.parametrize("learner", ["ce", "mixup", "sce", "lsr", "coteaching"])
+def test_every_learner_trains_standalone(run_inprocess, learner):
+    options = ("strategy.train.lsr.warmup_rounds=2 strategy.train.lsr.gamma=0.5 "
+               "strategy.train.coteaching.forget_rate=0.4 strategy.train.coteaching.ramp_rounds=2")
+    payload, grid = run_inprocess(f"{SMOKE} strategy=fedavg strategy.num_rounds=3 "
+                                  f"strategy.train.learner={learner} {options}")
+    assert payload["summary"]["final_acc"] > 0.5, "a 10-class task learned well beyond chance"
+    per_round = sorted({(row[1], row[2]) for row in _schedules(grid)})
+    assert {row[0] for row in _schedules(grid)} == {learner}
+    if learner == "lsr":
+        assert per_round == [(0.0, 0.0), (0.25, 0.0), (0.5, 0.0)], "gamma_t sent by the server each round"
+    elif learner == "coteaching":
+        assert per_round == [(0.0, 0.0), (0.0, 0.2), (0.0, 0.4)], "R(T) sent by the server each round"
+    else:
+        assert per_round == [(0.0, 0.0)]
+
+
+def test_coteaching_aggregates_each_network_with_its_twin(run_inprocess):
+    _, grid = run_inprocess(f"{SMOKE} strategy=fedavg strategy.num_rounds=2 strategy.train.learner=coteaching "
+                                  "strategy.train.coteaching.forget_rate=0.3")
+    sent = [m.content["arrays"] for m in grid.delivered if m.metadata.message_type == TRAIN]
+    assert all(is_pair_state(arrays.keys()) for arrays in sent)
+    first_round = sent[0].to_torch_state_dict()
+    # The two networks start from different seeded initialisations.
+    weights = [key for key in first_round if key.startswith("first.") and key.endswith("weight")][0]
+    assert not torch.equal(first_round[weights], first_round[weights.replace("first.", "second.", 1)])
+
+
+def test_lsr_and_each_learner_run_as_fedcorr_stage_3(run_inprocess):
+    small = f"{SMOKE} strategy=fedcorr strategy.t1=1 strategy.t2=1 strategy.t3=2"
+    payload, grid = run_inprocess(f"{small} strategy.stage3=fedlsr strategy.train.lsr.warmup_rounds=1")
+    stages = [row["stage"] for row in payload["rounds"]]
+    learners = [row[0] for row in _schedules(grid)]
+    assert stages[-2:] == ["usual", "usual"] and learners[-6:] == ["lsr"] * 6
+    assert learners[:10] == ["mixup"] * 10, "stage 1 keeps FedCorr's mixup"
+    assert learners[10:13] == ["ce"] * 3, "stage 2 keeps the train block's learner"
+    # Stage 3's warm-up counts its own rounds: gamma_0 = 0, then gamma.
+    assert [row[1] for row in _schedules(grid)][-6:] == [0.0] * 3 + [0.4] * 3
+    for learner in ("sce", "coteaching"):
+        payload, grid = run_inprocess(f"{small} strategy.stage3_learner={learner} "
+                                      "strategy.train.coteaching.forget_rate=0.2")
+        assert [row[0] for row in _schedules(grid)][-6:] == [learner] * 6
+        assert payload["summary"]["final_acc"] > 0.5
