@@ -16,16 +16,19 @@ import logging
 import os
 import shlex
 import sys
+from pathlib import Path
 
 # Flower reports usage to its servers by default; a research run should not phone home.
 os.environ.setdefault("FLWR_TELEMETRY_ENABLED", "0")
 
 import hydra  # noqa: E402
 from hydra.core.hydra_config import HydraConfig  # noqa: E402
+from hydra.types import RunMode  # noqa: E402
 from omegaconf import DictConfig, OmegaConf  # noqa: E402
 
 from common.errors import ConfigError  # noqa: E402
 from data.scene import prepare_scene  # noqa: E402
+from reports.runs import MULTIRUN_INDEX  # noqa: E402  (a multirun lists its jobs' out_dirs for report.py)
 from server.config import load_run  # noqa: E402
 from settings.compose import CONF_DIR  # noqa: E402  (also registers the resolvers of the default out_dir)
 
@@ -85,11 +88,15 @@ def run(cfg: DictConfig, overrides: list[str]) -> dict:
 def main(cfg: DictConfig) -> None:
     """The ``sim.py`` command: run the composed config and print the summary; a bad config prints one
     ``error:`` line and exits with status 2."""
+    hydra_cfg = HydraConfig.get()
     try:
-        payload = run(cfg, list(HydraConfig.get().overrides.task))
+        payload = run(cfg, list(hydra_cfg.overrides.task))
     except ConfigError as err:
         print(f"error: {err}", file=sys.stderr)
         sys.exit(2)
+    if hydra_cfg.mode == RunMode.MULTIRUN:
+        with open(Path(hydra_cfg.sweep.dir) / MULTIRUN_INDEX, "a") as index:
+            index.write(f"{Path(cfg.out_dir).resolve()}\n")
     print(format_summary(payload))
 
 

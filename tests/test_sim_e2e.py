@@ -5,7 +5,7 @@ import json
 import time
 
 import pytest
-from commands import sim
+from commands import report, sim
 
 pytestmark = pytest.mark.e2e
 
@@ -44,6 +44,11 @@ def test_multirun_and_same_seed_same_result(tmp_path):
     strip = [{k: r[k] for k in ("clients", "test_acc", "test_loss", "train_loss")} for r in runs["s5"]]
     assert strip == [{k: r[k] for k in ("clients", "test_acc", "test_loss", "train_loss")} for r in runs["again"]]
     assert [r["clients"] for r in runs["s5"]] != [r["clients"] for r in runs["s6"]]
+    # The sweep folder lists its jobs, so report.py reads the multirun as one group of two seeds.
+    done = report(str(tmp_path / "sweep"), "--out", str(tmp_path / "report"))
+    assert done.returncode == 0, done.stderr[-3000:]
+    table = (tmp_path / "report" / "table-digits.md").read_text().splitlines()
+    assert len(table) == 3 and "| fedavg | 2 | 5 6 |" in table[2]
 
 
 def test_bad_overrides_fail_before_ray_starts(tmp_path):

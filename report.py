@@ -1,0 +1,51 @@
+"""Figures and tables from run directories.
+
+    python report.py RUN_DIR [RUN_DIR ...] [--out DIR] [--target 0.85]
+
+A RUN_DIR is one run (it holds results.json), a Hydra multirun folder (``sim.py -m`` lists its jobs
+in runs.txt there) or any folder with runs below it. Writes to --out (default: report/): accuracy and
+loss over rounds (stages shaded; one curve per run, or mean ± std per group of seeds), per FedCorr run
+the LID histograms per iteration (Fig. 3/6) and the estimated vs true noise per client (Fig. 7 top),
+the partition (Fig. 2/10) where the run's scene.npz is there, and per dataset a table of the groups
+(runs that differ only in seed): best / final / last-10 accuracy, detection F1, label noise after
+stage 2, and the rounds and communication cost to first reach --target, also as a ratio to FedCorr's
+(Tables 11-13). Unfinished runs are used as far as they got, and said to be unfinished.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+from pathlib import Path
+
+from common.errors import ConfigError, InvalidValue
+
+
+def main(argv: list[str]) -> int:
+    """The ``report.py`` command; bad input is one ``error:`` line and exit status 2."""
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("runs", nargs="+", metavar="RUN_DIR")
+    parser.add_argument("--out", default="report", help="the report folder (created if needed)")
+    parser.add_argument("--target", type=float, default=0.85, help="target test accuracy, a fraction in (0, 1]")
+    args = parser.parse_args(argv)
+    try:
+        if not (math.isfinite(args.target) and 0 < args.target <= 1):
+            raise InvalidValue("--target", args.target, "a fraction in (0, 1]")
+        out = Path(args.out)
+        if out.exists() and not out.is_dir():
+            raise InvalidValue("--out", args.out, "a folder (this path is a file)")
+        from reports.document import write_report  # matplotlib is slow to import: after the checks
+        from reports.runs import find_runs
+
+        runs = find_runs(args.runs)
+        report = write_report(runs, out, args.target)
+    except ConfigError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    print(f"wrote {report} ({len(runs)} runs)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

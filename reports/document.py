@@ -1,0 +1,86 @@
+"""Write a report folder: PNG figures, the multi-run table (Markdown and CSV) and report.md."""
+
+from __future__ import annotations
+
+import csv
+import json
+import re
+from pathlib import Path
+
+import numpy as np
+from matplotlib.figure import Figure
+
+from data.plot import class_counts, partition_figure
+from data.scene import SCENE_FILE, Scene
+from reports.figures import curves_figure, lid_figure, noise_estimate_figure
+from reports.runs import Run
+from reports.tables import COLUMNS, group_runs, markdown, table_rows
+
+# Above this many runs, per-run figures are drawn for the first run of each group only.
+PER_RUN_FIGURES_UP_TO = 6
+DPI = 110
+
+
+def _slug(text: str) -> str:
+    return re.sub(r"[^A-Za-z0-9._-]+", "-", text).strip("-")[:80] or "run"
+
+
+def _save(figure: Figure, path: Path) -> str:
+    figure.savefig(path, dpi=DPI)
+    return path.name
+
+
+def partition_of(run: Run, drawn: set[str]) -> Figure | None:
+    """The run's partition (Fig. 2/10) from its scene file, with each client's true noise rate; None
+    without a scene file or when a scene of the same spec is in ``drawn`` already (then it is added)."""
+    path = run.path / SCENE_FILE
+    if not path.is_file():
+        return None
+    scene = Scene.load(path)
+    spec = json.dumps(scene.spec, sort_keys=True)
+    if spec in drawn:
+        return None
+    drawn.add(spec)
+    num_classes = int(scene.spec["dataset"]["num_classes"])
+    counts = class_counts(scene.client, scene.reference_labels(), scene.num_clients, num_classes)
+    return partition_figure(counts, noise_rate=np.clip(scene.true_noise_rate(), 0, 1),
+                            title=f"{run.dataset}: {scene.num_clients} clients")
+
+
+def write_report(runs: list[Run], out: Path, target: float) -> Path:
+    """Figures, table.md, table.csv and report.md for ``runs`` in ``out``; returns report.md's path."""
+    out.mkdir(parents=True, exist_ok=True)
+    lines = ["# Run report", ""]
+    unfinished = [run for run in runs if not run.complete]
+    lines.append(f"{len(runs)} run(s); target accuracy {100 * target:g}%.")
+    for run in unfinished:
+        lines.append(f"- unfinished: `{run.path}` ({len(run.rounds)} rounds so far; its figures use what is there)")
+    datasets = sorted({run.dataset for run in runs})
+    for dataset in datasets:
+        members = [run for run in runs if run.dataset == dataset]
+        groups = group_runs(members)
+        rows = table_rows(groups, target)
+        tag = _slug(dataset)
+        lines += ["", f"## {dataset}", "", markdown(rows)]
+        (out / f"table-{tag}.md").write_text(markdown(rows))
+        with open(out / f"table-{tag}.csv", "w", newline="") as stream:
+            writer = csv.DictWriter(stream, fieldnames=COLUMNS)
+            writer.writeheader()
+            writer.writerows(rows)
+        lines += [f"![accuracy and loss over rounds]({_save(curves_figure(groups), out / f'curves-{tag}.png')})", ""]
+        per_run = members if len(members) <= PER_RUN_FIGURES_UP_TO else [group[0] for group in groups.values()]
+        drawn_scenes: set[str] = set()
+        for run in per_run:
+            name = _slug(f"{run.path.parent.name}-{run.path.name}")
+            drawn = [(title, figure) for title, figure in (
+                ("LID and cumulative LID per iteration", lid_figure(run)),
+                ("estimated vs true noise level", noise_estimate_figure(run)),
+                ("partition", partition_of(run, drawn_scenes))) if figure is not None]
+            if not drawn:
+                continue
+            lines += [f"### `{run.path}`", ""]
+            for title, figure in drawn:
+                lines += [f"![{title}]({_save(figure, out / f'{_slug(title)}-{name}.png')})", ""]
+    report = out / "report.md"
+    report.write_text("\n".join(lines) + "\n")
+    return report
