@@ -47,8 +47,9 @@ def partition_of(run: Run, drawn: set[str]) -> Figure | None:
                             title=f"{run.dataset}: {scene.num_clients} clients")
 
 
-def write_report(runs: list[Run], out: Path, target: float) -> Path:
-    """Figures, table.md, table.csv and report.md for ``runs`` in ``out``; returns report.md's path."""
+def write_report(runs: list[Run], out: Path, target: float, x: str = "round") -> Path:
+    """Figures, table.md, table.csv and report.md for ``runs`` in ``out``; returns report.md's path.
+    ``x``: the curves' horizontal axis, ``round`` or ``comm_cost``."""
     out.mkdir(parents=True, exist_ok=True)
     lines = ["# Run report", ""]
     unfinished = [run for run in runs if not run.complete]
@@ -67,7 +68,7 @@ def write_report(runs: list[Run], out: Path, target: float) -> Path:
             writer = csv.DictWriter(stream, fieldnames=COLUMNS)
             writer.writeheader()
             writer.writerows(rows)
-        lines += [f"![accuracy and loss over rounds]({_save(curves_figure(groups), out / f'curves-{tag}.png')})", ""]
+        lines += [f"![accuracy and loss over rounds]({_save(curves_figure(groups, x), out / f'curves-{tag}.png')})", ""]
         per_run = members if len(members) <= PER_RUN_FIGURES_UP_TO else [group[0] for group in groups.values()]
         drawn_scenes: set[str] = set()
         for run in per_run:

@@ -30,11 +30,15 @@ def _figure(width: float, height: float) -> Figure:
     return figure
 
 
-def stage_spans(rounds: list[dict[str, Any]]) -> list[tuple[str, int, int]]:
-    """(stage, first round, last round) for each run of consecutive rounds in one stage."""
+X_AXES = {"round": "communication round", "comm_cost": "communication cost (client participations)"}
+
+
+def stage_spans(rounds: list[dict[str, Any]], x: str = "round") -> list[tuple[str, int, int]]:
+    """(stage, first x, last x) for each run of consecutive rounds in one stage; x is the round or
+    the communication cost after it."""
     spans: list[tuple[str, int, int]] = []
     for row in rounds:
-        stage, number = str(row["stage"]), int(row["round"])
+        stage, number = str(row["stage"]), int(row[x])
         if spans and spans[-1][0] == stage:
             spans[-1] = (stage, spans[-1][1], number)
         else:
@@ -46,9 +50,11 @@ def _shade_stages(axes: Axes, spans: list[tuple[str, int, int]]) -> None:
     names = list(dict.fromkeys(stage for stage, _, _ in spans))
     if len(names) < 2:
         return
-    for stage, first, last in spans:
+    # Each stage runs from halfway after the previous stage's last point to halfway before the next one's first.
+    edges = [spans[0][1] - 0.5] + [(a[2] + b[1]) / 2 for a, b in zip(spans, spans[1:])] + [spans[-1][2] + 0.5]
+    for (stage, _, _), left, right in zip(spans, edges, edges[1:]):
         shade = STAGE_SHADES[names.index(stage) % len(STAGE_SHADES)]
-        axes.axvspan(first - 0.5, last + 0.5, color=shade, alpha=0.6, linewidth=0, zorder=0)
+        axes.axvspan(left, right, color=shade, alpha=0.6, linewidth=0, zorder=0)
     top = axes.get_ylim()[1]
     width = max(last for _, _, last in spans) - min(first for _, first, _ in spans) + 1
     for stage, first, last in spans:
@@ -58,21 +64,23 @@ def _shade_stages(axes: Axes, spans: list[tuple[str, int, int]]) -> None:
                   rotation=90 if narrow else 0, fontsize="small")
 
 
-def _series(run: Run, key: str) -> tuple[np.ndarray, np.ndarray]:
+def _series(run: Run, key: str, x: str) -> tuple[np.ndarray, np.ndarray]:
     rows = [row for row in run.rounds if row.get(key) is not None]
-    return np.array([row["round"] for row in rows]), np.array([row[key] for row in rows], dtype=float)
+    return np.array([row[x] for row in rows]), np.array([row[key] for row in rows], dtype=float)
 
 
-def curves_figure(groups: dict[str, list[Run]]) -> Figure:
-    """Test accuracy (%) and test loss over rounds: one curve per single-run group, the mean with a
-    ± std band per group of seeds; the stages of the first run that has several shaded."""
+def curves_figure(groups: dict[str, list[Run]], x: str = "round") -> Figure:
+    """Test accuracy (%) and test loss over rounds (``x="round"``) or over communication cost
+    (``x="comm_cost"``, to compare methods whose rounds cost differently): one curve per single-run
+    group, the mean with a ± std band per group of seeds; the stages of the first run that has
+    several shaded."""
     figure = _figure(11.0, 4.6 + 0.22 * ((len(groups) + 1) // 2))
     accuracy, loss = figure.subplots(1, 2)
     for index, (label, runs) in enumerate(groups.items()):
         colour = OKABE_ITO[index % len(OKABE_ITO)]
         style = LINE_STYLES[(index // len(OKABE_ITO)) % len(LINE_STYLES)]
         for axes, key, scale in ((accuracy, "test_acc", 100.0), (loss, "test_loss", 1.0)):
-            series = [_series(run, key) for run in runs]
+            series = [_series(run, key, x) for run in runs]
             common = sorted(set.intersection(*(set(x.tolist()) for x, _ in series)))
             if not common:
                 continue
@@ -85,15 +93,15 @@ def curves_figure(groups: dict[str, list[Run]]) -> Figure:
                 axes.fill_between(common, mean - spread, mean + spread, color=colour, alpha=0.25, linewidth=0)
     staged = next((run for runs in groups.values() for run in runs if len(stage_spans(run.rounds)) > 1), None)
     for axes in (accuracy, loss):
-        axes.set_xlabel("communication round")
+        axes.set_xlabel(X_AXES[x])
         axes.margins(x=0.01)
         if staged is not None:
-            _shade_stages(axes, stage_spans(staged.rounds))
+            _shade_stages(axes, stage_spans(staged.rounds, x))
     accuracy.set_ylabel("test accuracy (%)")
     loss.set_ylabel("test loss (cross-entropy)")
     figure.legend(*accuracy.get_legend_handles_labels(), loc="outside lower center", ncols=2, fontsize="small")
-    figure.suptitle("Test accuracy and loss over rounds" + (f" (shaded: the stages of {staged.path})"
-                                                             if staged is not None else ""), fontsize="medium")
+    shaded = "" if staged is None else f" (shaded: the stages of {staged.path})"
+    figure.suptitle(f"Test accuracy and loss over {X_AXES[x].split(' (')[0]}{shaded}", fontsize="medium")
     return figure
 
 
