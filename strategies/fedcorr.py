@@ -123,6 +123,11 @@ class FedCorrSettings:
             raise InvalidValue("train.learner", self.train.learner,
                                "a learner of one network: FedCorr's stages 1-2 train and query one "
                                "network (set stage3_learner=coteaching for stage 3)")
+        if self.stage3_learner is not None:
+            try:
+                self.train.but(learner=self.stage3_learner)
+            except InvalidValue as err:
+                raise err.under("train") from None
 
     def stage1_round_size(self, num_clients: int) -> int:
         """m1; without fraction scheduling stage 1 visits clients with the larger frac2."""

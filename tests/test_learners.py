@@ -197,6 +197,8 @@ def test_colour_distortion_keeps_shape_and_a_zero_hue_shift_is_the_identity():
      r"strategy.train.learner=coteaching is invalid: feddyn works with one network"),
     (["strategy=fedcorr", "strategy.train.learner=coteaching", "strategy.train.coteaching.forget_rate=0.2"],
      r"strategy.train.learner='coteaching' is invalid: a learner of one network"),
+    (["strategy=fedcorr", "strategy.stage3_learner=coteaching"],
+     r"strategy.train.coteaching.forget_rate=None is invalid: a number in \[0, 1\)"),
     (["strategy=fedcorr", "strategy.stage3=fedlsr", "strategy.stage3_learner=sce"],
      r"strategy.stage3_learner=sce is invalid: fedlsr trains with learner lsr"),
     (["strategy=fedcorr", "strategy.stage3=feddyn", "strategy.stage3_learner=coteaching",
