@@ -1,6 +1,7 @@
-"""FedProx, FedDyn, FedMedian and Power-of-Choice end to end on the smoke preset, through the real
-Flower simulation engine on Ray, as one Hydra multirun. (As FedCorr's stage 3, and each of their
-mechanics, they are tested in the in-process tier: test_fedcorr_stages.py, test_baselines.py.)"""
+"""FedProx, FedDyn, FedMedian, Power-of-Choice and FedLSR end to end on the smoke preset, through the
+real Flower simulation engine on Ray, as one Hydra multirun. (As FedCorr's stage 3, and each of their
+mechanics, they are tested in the in-process tier: test_fedcorr_stages.py, test_baselines.py,
+test_learners.py.)"""
 
 import json
 
@@ -9,7 +10,7 @@ from commands import sim
 
 pytestmark = pytest.mark.e2e
 
-METHODS = ["fedprox", "feddyn", "fedmedian", "poc"]
+METHODS = ["fedprox", "feddyn", "fedmedian", "poc", "fedlsr"]
 ROUNDS, PER_ROUND, POOL, CLIENTS = 3, 3, 6, 10  # smoke: 10 clients, fraction 0.3, PoC pool d = 6
 
 
