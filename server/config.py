@@ -6,11 +6,13 @@ ConfigError naming the first bad value and what is allowed.
 
 from __future__ import annotations
 
+import importlib.util
 from dataclasses import dataclass
 from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
+from common.errors import InvalidValue
 from settings.run import RunSettings, run_settings
 from strategies.environment import Environment
 from strategies.registry import StrategyPlan, parse_strategy
@@ -35,9 +37,17 @@ def environment(settings: RunSettings, **known: Any) -> Environment:
                        skip_failed=settings.server.on_client_error == "skip", **known)
 
 
+def check_server_extras(settings: RunSettings) -> None:
+    """What the server needs installed for the run's settings (a client node needs none of it)."""
+    if settings.logging.tensorboard and importlib.util.find_spec("tensorboard") is None:
+        raise InvalidValue("logging.tensorboard", True, 'true needs the tensorboard package: '
+                           '.venv/bin/python -m pip install -e ".[tensorboard]"')
+
+
 def load_run(cfg: DictConfig) -> RunPlan:
     """The run's settings and its strategy's, every value checked."""
     settings = run_settings(cfg)
+    check_server_extras(settings)
     strategy_cfg = OmegaConf.to_container(cfg.strategy, resolve=True)
     assert isinstance(strategy_cfg, dict)
     strategy = {str(key): value for key, value in strategy_cfg.items()}

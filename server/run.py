@@ -15,6 +15,7 @@ from data.sources.base import Dataset
 from server.config import RunPlan
 from server.discovery import discover
 from server.evaluation import CentralEvaluator
+from server.live_curves import LiveCurves
 from server.progress import Progress
 from server.results import ResultsWriter
 from settings.run import RunSettings
@@ -43,12 +44,13 @@ class RoundReporter:
     prints its progress line. Returns the evaluation for the strategy's Result."""
 
     def __init__(self, settings: RunSettings, evaluator: CentralEvaluator, results: ResultsWriter,
-                 num_rounds: int) -> None:
+                 num_rounds: int, live: LiveCurves | None = None) -> None:
         self.eval_every = settings.server.eval_every
         self.evaluator = evaluator
         self.results = results
         self.num_rounds = num_rounds
         self.progress = Progress(num_rounds)
+        self.live = live
 
     def __call__(self, info: RoundInfo, arrays: ArrayRecord) -> MetricRecord | None:
         """Report a finished round; the global model's accuracy and loss when it was evaluated, else None."""
@@ -60,6 +62,8 @@ class RoundReporter:
             test_loss=None if scores is None else scores.loss, train_loss=info.train_loss,
         )
         self.progress.update(row)
+        if self.live is not None:
+            self.live.round(row)
         return None if scores is None else MetricRecord({"accuracy": scores.accuracy, "loss": scores.loss})
 
 
@@ -76,8 +80,13 @@ def run_server(grid: Grid, plan: RunPlan) -> dict[str, Any]:
     strategy.bind(discover(grid, settings.num_clients, settings.server.node_wait_timeout,
                            settings.server.round_timeout))
     num_rounds = strategy.planned_rounds()
-    strategy.observe(RoundReporter(settings, CentralEvaluator(settings, dataset), results, num_rounds))
-    strategy.start(grid, ArrayRecord(model.state_dict()), timeout=settings.server.round_timeout)
+    live = LiveCurves(settings.out_dir, strategy.extra_results) if settings.logging.tensorboard else None
+    strategy.observe(RoundReporter(settings, CentralEvaluator(settings, dataset), results, num_rounds, live))
+    try:
+        strategy.start(grid, ArrayRecord(model.state_dict()), timeout=settings.server.round_timeout)
+    finally:
+        if live is not None:
+            live.close()
     extra = strategy.extra_results()
     for name, block in extra.items():
         results.write_table(f"{name}_clients.csv", block.get("clients", []))

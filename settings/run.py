@@ -56,6 +56,19 @@ class ServerSettings:
 
 
 @dataclass(frozen=True)
+class LoggingSettings:
+    """What a run logs besides results.json (``logging`` in the config).
+
+    tensorboard: live curves in ``<out_dir>/tensorboard`` (the optional ``tensorboard`` extra).
+    """
+
+    tensorboard: bool = field(default=False, metadata=rule(Flag()))
+
+    def __post_init__(self) -> None:
+        check_fields(self)
+
+
+@dataclass(frozen=True)
 class ClientSettings:
     """How a client node computes (``client`` in the config, threads from ``simulation``).
 
@@ -109,7 +122,7 @@ class RunSettings:
     comm_budget: client participations every method spends (None: each strategy's own rounds).
     ground_truth: whether the server may read the scene's ground truth for detection and label-noise
         figures (simulation sets it; a deployed server has none unless the run says so).
-    scene, model, transforms, server, client, simulation: the parts, see their classes.
+    scene, model, transforms, server, logging, client, simulation: the parts, see their classes.
     resolved: the whole resolved configuration, as results.json stores it.
     """
 
@@ -122,6 +135,7 @@ class RunSettings:
     comm_budget: int | None = field(default=None, metadata=rule(Nullable(Integer(low=1))))
     ground_truth: bool = field(default=False, metadata=rule(Flag()))
     server: ServerSettings = field(default_factory=ServerSettings)
+    logging: LoggingSettings = field(default_factory=LoggingSettings)
     client: ClientSettings = field(default_factory=ClientSettings)
     simulation: SimulationSettings = field(default_factory=SimulationSettings)
     resolved: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
@@ -156,6 +170,7 @@ def run_settings(cfg: DictConfig) -> RunSettings:
             comm_budget=values.get("comm_budget"), ground_truth=values.get("ground_truth", False),
             scene=scene, model=model, transforms=transforms,
             server=settings_from_mapping(ServerSettings, values["server"], "server"),
+            logging=settings_from_mapping(LoggingSettings, values.get("logging") or {}, "logging"),
             client=client, simulation=simulation, resolved=values,
         )
     except KeyError as err:
