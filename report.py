@@ -1,12 +1,14 @@
 """Figures and tables from run directories.
 
-    python report.py RUN_DIR [RUN_DIR ...] [--out DIR] [--target 0.85] [--x round|comm_cost]
+    python report.py RUN_DIR [RUN_DIR ...] [--out DIR] [--target 0.85] [--x round|comm_cost] [--clients K ...]
 
 A RUN_DIR is one run (it holds results.json), a Hydra multirun folder (``sim.py -m`` lists its jobs
 in runs.txt there) or any folder with runs below it. Writes to --out (default: report/): accuracy and
 loss over rounds or, with --x comm_cost, over communication cost (stages shaded; one curve per run,
 or mean ± std per group of seeds), per FedCorr run
-the LID histograms per iteration (Fig. 3/6) and the estimated vs true noise per client (Fig. 7 top),
+the LID histograms per iteration (Fig. 3/6), the estimated vs true noise per client (Fig. 7 top), the
+noisy-sample split per client against the truth (Fig. 7 bottom), the label confusion before and after
+each stage summed over the noisy clients and over --clients (Fig. 8; simulation runs only),
 the partition (Fig. 2/10) where the run's scene.npz is there, and per dataset a table of the groups
 (runs that differ only in seed): best / final / last-10 accuracy, detection F1, label noise after
 stage 2, and the rounds and communication cost to first reach --target, also as a ratio to FedCorr's
@@ -31,6 +33,8 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--target", type=float, default=0.85, help="target test accuracy, a fraction in (0, 1]")
     parser.add_argument("--x", choices=("round", "comm_cost"), default="round",
                         help="the curves' horizontal axis: rounds, or client participations so far")
+    parser.add_argument("--clients", nargs="+", type=int, default=None, metavar="K",
+                        help="also draw the label confusion of these clients alone")
     args = parser.parse_args(argv)
     try:
         if not (math.isfinite(args.target) and 0 < args.target <= 1):
@@ -42,7 +46,7 @@ def main(argv: list[str]) -> int:
         from reports.runs import find_runs
 
         runs = find_runs(args.runs)
-        report = write_report(runs, out, args.target, args.x)
+        report = write_report(runs, out, args.target, args.x, args.clients)
     except ConfigError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2

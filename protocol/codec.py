@@ -1,8 +1,9 @@
 """Typed payloads: frozen dataclasses to and from the flat records of a Flower message.
 
-A payload's fields are ``int``, ``float``, ``bool`` or ``str`` (each optionally ``| None``), or a
-nested payload dataclass whose fields are flattened into the same record (optional nested payloads
-are all there or all absent). A nested field declared with ``metadata={NAMESPACED: True}`` puts its
+A payload's fields are ``int``, ``float``, ``bool`` or ``str`` (each optionally ``| None``), a
+``tuple[int, ...]`` of counts (a small count vector, sent as a list), or a nested payload dataclass
+whose fields are flattened into the same record (optional nested payloads are all there or all
+absent). A nested field declared with ``metadata={NAMESPACED: True}`` puts its
 name before its keys (``lsr.gamma``), so two nested payloads may share field names. Field
 ``num_examples`` travels as key ``num-examples``: one naming style for every key, Flower's own.
 ``decode`` checks every key and type and names the sender and the key of the first problem; it never
@@ -24,6 +25,7 @@ if TYPE_CHECKING:
 
 T = TypeVar("T", bound="DataclassInstance")
 Scalar = int | float | bool | str
+Value = Scalar | list[int]
 
 _SCALARS = (int, float, bool, str)
 
@@ -87,9 +89,9 @@ def keys_of(cls: type, prefix: str = "") -> list[str]:
     return keys
 
 
-def encode(payload: Any, prefix: str = "") -> dict[str, Scalar]:
+def encode(payload: Any, prefix: str = "") -> dict[str, Value]:
     """The flat record of a payload instance (fields that are None are left out)."""
-    record: dict[str, Scalar] = {}
+    record: dict[str, Value] = {}
     for spec in fields(payload):
         value = getattr(payload, spec.name)
         if value is None:
@@ -98,9 +100,17 @@ def encode(payload: Any, prefix: str = "") -> dict[str, Scalar]:
             record.update(encode(value, _nested_prefix(spec, prefix)))
         elif isinstance(value, _SCALARS):
             record[prefix + record_key(spec.name)] = value
+        elif isinstance(value, tuple) and all(type(item) is int for item in value):
+            record[prefix + record_key(spec.name)] = list(value)
         else:
             raise TypeError(f"field {spec.name} of {type(payload).__name__} holds {value!r}: not a scalar")
     return record
+
+
+def _counts(value: Any, sender: str, key: str) -> tuple[int, ...]:
+    if isinstance(value, list) and all(type(item) is int for item in value):
+        return tuple(value)
+    raise ProtocolError(sender, key, f"holds {value!r}: expected a list of integer counts")
 
 
 def _scalar(value: Any, hint: Any, sender: str, key: str) -> Scalar:
@@ -129,7 +139,9 @@ def _decode(cls: type[T], record: Mapping[str, Any], sender: str, prefix: str = 
             continue
         key = prefix + record_key(spec.name)
         if key in record:
-            kwargs[spec.name] = _scalar(record[key], hint, sender, key)
+            value = record[key]
+            kwargs[spec.name] = (_counts(value, sender, key) if typing.get_origin(hint) is tuple
+                                 else _scalar(value, hint, sender, key))
         elif not optional:
             raise ProtocolError(sender, key, "is missing")
     try:

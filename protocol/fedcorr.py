@@ -76,13 +76,27 @@ class CorrectIns:
 
 @dataclass(frozen=True)
 class Diagnostics:
-    """Ground-truth counts over the samples whose true label the node knows (simulation only)."""
+    """Ground-truth counts over the samples whose true label the node knows (simulation only).
+
+    known, wrong_before, wrong_after: samples with a known true label; of them, wrong before and
+        after this correction. changed, changed_correct: labels changed; of them, now right.
+    split_tp, split_fp, split_fn, split_tn: stage 1's sample split against the truth: flagged noisy
+        and wrong, flagged but right, not flagged but wrong, not flagged and right (stage 2: None).
+    confusion_before, confusion_after: the M x M counts of (true label, label held) before and
+        after this correction, row-major (FedCorr Fig. 8). Counts only: never indices or labels.
+    """
 
     known: int
     wrong_before: int
     wrong_after: int
     changed: int
     changed_correct: int
+    split_tp: int | None = None
+    split_fp: int | None = None
+    split_fn: int | None = None
+    split_tn: int | None = None
+    confusion_before: tuple[int, ...] | None = None
+    confusion_after: tuple[int, ...] | None = None
 
 
 @dataclass(frozen=True)

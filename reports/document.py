@@ -12,7 +12,7 @@ from matplotlib.figure import Figure
 
 from data.plot import class_counts, partition_figure
 from data.scene import SCENE_FILE, Scene
-from reports.figures import curves_figure, lid_figure, noise_estimate_figure
+from reports.figures import confusion_figure, curves_figure, lid_figure, noise_estimate_figure, split_figure
 from reports.runs import Run
 from reports.tables import COLUMNS, group_runs, markdown, table_rows
 
@@ -47,9 +47,11 @@ def partition_of(run: Run, drawn: set[str]) -> Figure | None:
                             title=f"{run.dataset}: {scene.num_clients} clients")
 
 
-def write_report(runs: list[Run], out: Path, target: float, x: str = "round") -> Path:
+def write_report(runs: list[Run], out: Path, target: float, x: str = "round",
+                 clients: list[int] | None = None) -> Path:
     """Figures, table.md, table.csv and report.md for ``runs`` in ``out``; returns report.md's path.
-    ``x``: the curves' horizontal axis, ``round`` or ``comm_cost``."""
+    ``x``: the curves' horizontal axis, ``round`` or ``comm_cost``; ``clients``: also draw the label
+    confusion of these clients alone."""
     out.mkdir(parents=True, exist_ok=True)
     lines = ["# Run report", ""]
     unfinished = [run for run in runs if not run.complete]
@@ -76,6 +78,9 @@ def write_report(runs: list[Run], out: Path, target: float, x: str = "round") ->
             drawn = [(title, figure) for title, figure in (
                 ("LID and cumulative LID per iteration", lid_figure(run)),
                 ("estimated vs true noise level", noise_estimate_figure(run)),
+                ("noisy-sample split per client", split_figure(run)),
+                ("label confusion of the noisy clients", confusion_figure(run)),
+                ("label confusion of the chosen clients", confusion_figure(run, clients) if clients else None),
                 ("partition", partition_of(run, drawn_scenes))) if figure is not None]
             if not drawn:
                 continue

@@ -171,3 +171,86 @@ def noise_estimate_figure(run: Run) -> Figure | None:
                                                               if isinstance(mae, float) else ""))
     axes.legend(fontsize="small")
     return figure
+
+
+STAGE_MATRICES = (("before", "before correction"), ("after_stage1", "after stage 1"),
+                  ("after_stage2", "after stage 2"))
+
+
+def stage_confusions(matrices: dict[str, list[int]]) -> dict[str, np.ndarray]:
+    """A client's confusion counts at the three points, filling the ones it was not corrected at
+    with the latest earlier one (its labels did not change in between)."""
+    filled: dict[str, np.ndarray] = {}
+    latest = np.asarray(matrices["before"])
+    for key, _ in STAGE_MATRICES:
+        latest = np.asarray(matrices.get(key, latest))
+        filled[key] = latest
+    return filled
+
+
+def confusion_figure(run: Run, clients: list[int] | None = None) -> Figure | None:
+    """Fig. 8: the (true label, label held) counts before correction, after stage 1 and after stage 2,
+    summed over ``clients`` (default: the truly noisy clients, or all that reported under real noise),
+    each row as % of its true class."""
+    block = (run.fedcorr or {}).get("confusion") or {}
+    if not block:
+        return None
+    chosen = clients if clients is not None else (run.fedcorr or {}).get("true_noisy_clients")
+    reported = [pid for pid in block if chosen is None or int(pid) in set(chosen)]
+    if not reported:
+        return None
+    per_client = [stage_confusions(block[pid]) for pid in reported]
+    sums = {key: np.sum([matrices[key] for matrices in per_client], axis=0) for key, _ in STAGE_MATRICES}
+    classes = int(round(sums["before"].size ** 0.5))
+    figure = _figure(4.0 * len(STAGE_MATRICES) + 1.0, 4.2)
+    grid = figure.subplots(1, len(STAGE_MATRICES))
+    image = None
+    for axes, (key, title) in zip(grid, STAGE_MATRICES):
+        counts = np.asarray(sums[key], dtype=float).reshape(classes, classes)
+        totals = counts.sum(axis=1, keepdims=True)
+        share = 100 * counts / np.where(totals > 0, totals, 1)
+        image = axes.imshow(share, cmap="cividis", vmin=0, vmax=100)
+        wrong = 100 * (1 - np.trace(counts) / counts.sum()) if counts.sum() else 0.0
+        axes.set_title(f"{title}: {wrong:.1f}% wrong", fontsize="medium")
+        axes.set_xlabel("label held")
+        axes.set_ylabel("true label")
+        if classes <= 10:
+            axes.set_xticks(range(classes))
+            axes.set_yticks(range(classes))
+            for i in range(classes):
+                for j in range(classes):
+                    axes.text(j, i, f"{share[i, j]:.0f}", ha="center", va="center", fontsize=7,
+                              color="black" if share[i, j] > 50 else "white")
+    if image is not None:
+        figure.colorbar(image, ax=list(grid), label="% of the true class", shrink=0.8)
+    who = "the truly noisy clients" if clients is None else f"clients {', '.join(map(str, clients))}"
+    figure.suptitle(f"Labels against the truth, summed over {who} ({len(reported)} reported; FedCorr Fig. 8)",
+                    fontsize="medium")
+    return figure
+
+
+SPLIT_PARTS = (("split_tp", "noisy, flagged"), ("split_fn", "noisy, missed"), ("split_fp", "clean, flagged"),
+               ("split_tn", "clean, kept"))
+
+
+def split_figure(run: Run) -> Figure | None:
+    """Fig. 7 bottom: for each client the last stage-1 sample split made, its samples by truth (wrong
+    or right label) and by the split's verdict (in the noisy subset D_n or not)."""
+    rows = [row for row in (run.fedcorr or {}).get("clients") or [] if row.get("split_tp") is not None]
+    if not rows:
+        return None
+    figure = _figure(max(6.0, 0.12 * len(rows) + 2.0), 4.2)
+    axes = figure.subplots()
+    positions = np.arange(len(rows))
+    bottom = np.zeros(len(rows))
+    for (key, name), colour in zip(SPLIT_PARTS, (NOISY, OKABE_ITO[1], OKABE_ITO[4], CLEAN)):
+        heights = np.array([row[key] for row in rows], dtype=float)
+        axes.bar(positions, heights, bottom=bottom, color=colour, label=name, width=0.85)
+        bottom += heights
+    step = max(1, len(rows) // 30)
+    axes.set_xticks(positions[::step], [str(row["client"]) for row in rows][::step], fontsize="small")
+    axes.set_xlabel("client (those that made a stage-1 sample split)")
+    axes.set_ylabel("samples")
+    axes.legend(fontsize="small", ncols=4, loc="upper center", bbox_to_anchor=(0.5, -0.18))
+    axes.set_title("Sample split per client vs the truth (FedCorr Fig. 7 bottom)", fontsize="medium")
+    return figure

@@ -37,6 +37,11 @@ def mean_abs_error(estimates: Mapping[int, float], truth: Mapping[int, float]) -
     return float(np.mean(errors)) if errors else None
 
 
+SPLIT_KEYS = ("split_tp", "split_fp", "split_fn", "split_tn")
+"""Per client, its latest stage-1 sample split against the truth: flagged and wrong, flagged but
+right, not flagged but wrong, not flagged and right."""
+
+
 class FedCorrMonitor:
     """Follows one FedCorr run: per-iteration LID, detection and noise-estimate error, label noise
     after each stage, and how precise the relabelling was. ``results()`` is the ``fedcorr`` block of
@@ -64,6 +69,10 @@ class FedCorrMonitor:
         self.changed: dict[str, int] = {}
         self.changed_correct: dict[str, int] = {}
         self.label_noise: dict[str, float | None] = {"before": self._overall_noise()}
+        # Per client: the confusion counts before its first correction and after its latest of each
+        # stage (row-major M x M), and its latest stage-1 sample split against the truth.
+        self.confusion: dict[int, dict[str, list[int]]] = {}
+        self.split: dict[int, dict[str, int]] = {}
 
     def _overall_noise(self) -> float | None:
         """The share of wrong labels over every sample with a known true label."""
@@ -127,6 +136,12 @@ class FedCorrMonitor:
                 self.noise[pid] = counts.wrong_after / counts.known
                 self.changed[mode] = self.changed.get(mode, 0) + counts.changed
                 self.changed_correct[mode] = self.changed_correct.get(mode, 0) + counts.changed_correct
+                if counts.confusion_before is not None and counts.confusion_after is not None:
+                    matrices = self.confusion.setdefault(pid, {"before": list(counts.confusion_before)})
+                    matrices[f"after_{mode}"] = list(counts.confusion_after)
+                if counts.split_tp is not None:
+                    self.split[pid] = {"split_tp": counts.split_tp, "split_fp": counts.split_fp or 0,
+                                       "split_fn": counts.split_fn or 0, "split_tn": counts.split_tn or 0}
 
     def clean_set(self, clean: list[int]) -> None:
         """Record S_c, the clients stage 2 finetunes on."""
@@ -162,6 +177,7 @@ class FedCorrMonitor:
                     "true_noise_after": self.noise[pid],
                     "mu_hat_error": abs(estimate - on) if np.isfinite(on) else None,
                     "mu_hat_error_original": abs(estimate - original) if np.isfinite(original) else None,
+                    **{key: self.split.get(pid, {}).get(key) for key in SPLIT_KEYS},
                 })
             rows.append(row)
         return rows
@@ -190,5 +206,6 @@ class FedCorrMonitor:
                 "relabeled": changed,
                 "relabel_by_step": {mode: {"relabeled": n, "precision": self.changed_correct[mode] / n if n else None}
                                     for mode, n in self.changed.items()},
+                "confusion": {str(pid): matrices for pid, matrices in sorted(self.confusion.items())},
             })
         return block

@@ -55,6 +55,17 @@ def test_stage1_correction_estimates_noise_and_reports_diagnostics(run, incoming
     assert counts is not None and counts.known == scene.client_sizes()[3]
     assert counts.wrong_before == int(np.sum(scene.noisy_labels[scene.rows(3)] != scene.true_labels[scene.rows(3)]))
     assert counts.changed == res.n_relabeled
+    # The sample split against the truth: every known sample in one cell, D_n is what mu_hat counts.
+    tp, fp, fn, tn = counts.split_tp, counts.split_fp, counts.split_fn, counts.split_tn
+    assert None not in (tp, fp, fn, tn) and tp + fp + fn + tn == counts.known
+    assert tp + fn == counts.wrong_before and tp + fp == round(res.mu_hat * counts.known)
+    # Fig. 8's confusion counts: M x M, summing to the known samples, the diagonal the right labels.
+    classes = 10
+    for matrix, wrong in ((counts.confusion_before, counts.wrong_before), (counts.confusion_after, counts.wrong_after)):
+        grid = np.array(matrix).reshape(classes, classes)
+        assert grid.sum() == counts.known and np.trace(grid) == counts.known - wrong
+    truth, held = scene.true_labels[scene.rows(3)], scene.noisy_labels[scene.rows(3)]
+    assert np.array(counts.confusion_before).reshape(classes, classes)[truth[0], held[0]] >= 1
 
 
 def test_without_diagnostics_only_counts_and_mu_hat_leave_the_client(run, incoming, node_context):
@@ -64,6 +75,10 @@ def test_without_diagnostics_only_counts_and_mu_hat_leave_the_client(run, incomi
     content = instruction(CorrectIns(mode="stage1", pi=0.5, theta=0.5, seed=1), arrays=arrays)
     reply = client_app.app(incoming(content, "query.correct"), context).content
     assert set(reply) == {"metrics"} and set(reply["metrics"]) == {"n-relabeled", "mu-hat"}
+    # Stage 2 never sends a split either way; with diagnostics it sends counts, never per-sample values.
+    res = correct(incoming, context, arrays, mode="stage2")
+    assert res.diagnostics is not None and res.diagnostics.split_tp is None
+    assert len(res.diagnostics.confusion_after or ()) == 100
 
 
 def test_without_relabel_the_labels_stay(run, incoming, node_context):

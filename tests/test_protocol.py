@@ -95,3 +95,12 @@ def test_payloads_hold_only_scalars():
 
     with pytest.raises(TypeError, match="not a scalar"):
         encode(Listy([1, 2]))
+
+
+def test_count_vectors_travel_as_lists_and_anything_else_is_refused():
+    res = CorrectRes(3, 0.25, Diagnostics(10, 4, 2, 3, 2, confusion_before=(1, 2, 3, 4), confusion_after=(4, 3, 2, 1)))
+    record = encode(res)
+    assert record["confusion-before"] == [1, 2, 3, 4]
+    assert decode(CorrectRes, record, "client 1") == res
+    with pytest.raises(ProtocolError, match="key 'confusion-after' holds \\[1.5\\]: expected a list of integer counts"):
+        decode(CorrectRes, {**record, "confusion-after": [1.5]}, "client 1")

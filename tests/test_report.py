@@ -10,7 +10,16 @@ import pytest
 
 import report
 from reports.document import write_report
-from reports.figures import curves_figure, lid_figure, noise_estimate_figure, stage_spans
+from reports.figures import (
+    STAGE_MATRICES,
+    confusion_figure,
+    curves_figure,
+    lid_figure,
+    noise_estimate_figure,
+    split_figure,
+    stage_confusions,
+    stage_spans,
+)
 from reports.runs import MULTIRUN_INDEX, find_runs
 from reports.tables import first_reach, group_runs, table_rows
 
@@ -79,6 +88,29 @@ def test_figures_have_the_expected_series(smoke_runs):
     points = sum(len(collection.get_offsets()) for collection in noise.axes[0].collections)
     assert points == len(fedcorr_run.fedcorr["clients"])
     assert lid_figure(next(run for run in runs if run.strategy == "fedavg")) is None
+
+
+def test_confusion_and_split_figures_count_every_known_sample(smoke_runs):
+    run = next(run for run in find_runs([str(smoke_runs)]) if run.strategy == "fedcorr")
+    block, rows = run.fedcorr["confusion"], {row["client"]: row for row in run.fedcorr["clients"]}
+    assert block, "the corrected clients reported their confusion counts"
+    for pid, matrices in block.items():
+        for key, _ in STAGE_MATRICES:
+            assert int(stage_confusions(matrices)[key].sum()) == rows[int(pid)]["n_known"]
+    figure = confusion_figure(run)
+    assert figure is not None
+    panels = [axes for axes in figure.axes if axes.get_label() != "<colorbar>"]
+    assert [axes.get_xlabel() for axes in panels] == ["label held"] * 3 and len(figure.axes) == 4
+    assert len(panels[0].images) == 1 and panels[0].images[0].get_array().shape == (10, 10)
+    one = int(next(iter(block)))
+    assert confusion_figure(run, [one]) is not None and confusion_figure(run, [10_000]) is None
+    split = split_figure(run)
+    assert split is not None
+    bars = split.axes[0].containers
+    splitters = [row for row in rows.values() if row["split_tp"] is not None]
+    assert len(bars) == 4 and all(len(container) == len(splitters) for container in bars)
+    heights = [sum(container[i].get_height() for container in bars) for i in range(len(splitters))]
+    assert heights == [row["n_known"] for row in splitters]
 
 
 def test_report_writes_every_file_and_a_table_per_dataset(smoke_runs, tmp_path):

@@ -43,18 +43,36 @@ def stage1_train(node: LocalNode, context: Context, arrays: ArrayRecord, ins: Tr
     return Trained(trained.model, trained.stats, LidScore(lid_score(probabilities, k=options.lid_k)))
 
 
-def diagnostics(node: LocalNode, before: np.ndarray, after: np.ndarray) -> Diagnostics:
-    """Ground-truth label noise before/after and how many changed labels became right. Only a node
+def confusion(truth: np.ndarray, labels: np.ndarray, num_classes: int) -> tuple[int, ...]:
+    """The M x M counts of (true label, label held), row-major, over the samples whose truth is known."""
+    known = truth >= 0
+    counts = np.bincount(truth[known] * num_classes + labels[known], minlength=num_classes * num_classes)
+    return tuple(int(count) for count in counts)
+
+
+def diagnostics(node: LocalNode, before: np.ndarray, after: np.ndarray,
+                noisy: np.ndarray | None = None) -> Diagnostics:
+    """Ground-truth label noise before/after, how many changed labels became right, the sample
+    split against the truth (stage 1: ``noisy`` is D_n's mask) and the confusion counts. Only a node
     that knows its true labels (simulation, rehearsal) can compute them; a real node has none."""
     truth = node.data.true_labels
     known = truth >= 0
     changed = known & (before != after)
+    wrong = known & (before != truth)
+    split = {}
+    if noisy is not None:
+        split = {"split_tp": int(np.sum(noisy & wrong)), "split_fp": int(np.sum(noisy & known & ~wrong)),
+                 "split_fn": int(np.sum(~noisy & wrong)), "split_tn": int(np.sum(~noisy & known & ~wrong))}
+    classes = node.dataset.num_classes
     return Diagnostics(
         known=int(known.sum()),
-        wrong_before=int(np.sum(known & (before != truth))),
+        wrong_before=int(wrong.sum()),
         wrong_after=int(np.sum(known & (after != truth))),
         changed=int(changed.sum()),
         changed_correct=int(np.sum(changed & (after == truth))),
+        confusion_before=confusion(truth, before, classes),
+        confusion_after=confusion(truth, after, classes),
+        **split,
     )
 
 
@@ -65,7 +83,7 @@ def correct(node: LocalNode, context: Context, content: RecordDict) -> RecordDic
     model.load_state_dict(read_arrays(content, "the server").to_torch_state_dict())
     labels = current_labels(context, node)
     losses, probabilities = loss_and_proba(model, node.data.images, labels, node.eval_transform, device=node.device)
-    mu_hat = None
+    mu_hat, noisy = None, None
     if ins.mode == "stage1":
         def losses_of(model_name: str) -> np.ndarray:
             if model_name == "global":
@@ -81,7 +99,8 @@ def correct(node: LocalNode, context: Context, content: RecordDict) -> RecordDic
     if not ins.relabel:
         new = labels
     store_labels(context, node, new)
-    counts = diagnostics(node, labels, new) if ins.diagnostics and (node.data.true_labels >= 0).any() else None
+    known = ins.diagnostics and (node.data.true_labels >= 0).any()
+    counts = diagnostics(node, labels, new, noisy) if known else None
     return reply(CorrectRes(n_relabeled=int(np.sum(new != labels)), mu_hat=mu_hat, diagnostics=counts))
 
 
