@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-import statistics
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -18,6 +17,7 @@ from omegaconf import DictConfig, OmegaConf  # noqa: E402
 
 import sim  # noqa: E402
 from common.errors import ConfigError  # noqa: E402
+from reports.tables import mean_std  # noqa: E402
 from server.config import load_run  # noqa: E402
 from settings.compose import compose_config  # noqa: E402
 
@@ -119,13 +119,8 @@ def accuracies(payload: dict[str, Any], stage: str | None = None) -> list[float]
 
 
 def spread(values: list[float | None], scale: float = 1.0, digits: int = 2) -> str:
-    """Mean ± sample std of the known values (one value: itself; none: "-")."""
-    known = [scale * value for value in values if value is not None]
-    if not known:
-        return "-"
-    if len(known) == 1:
-        return f"{known[0]:.{digits}f}"
-    return f"{statistics.mean(known):.{digits}f}±{statistics.stdev(known):.{digits}f}"
+    """Mean ± sample std of the known values, compact for fixed-width tables (see ``mean_std``)."""
+    return mean_std(values, scale, digits, separator="±")
 
 
 def fedcorr_figure(run_payload: dict[str, Any], pick: Callable[[dict[str, Any]], float | None]) -> float | None:

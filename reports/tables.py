@@ -79,14 +79,14 @@ def first_reach(run: Run, target: float) -> Reach:
     return Reach(None, None)
 
 
-def mean_std(values: list[float | None], scale: float = 1.0, digits: int = 2) -> str:
+def mean_std(values: list[float | None], scale: float = 1.0, digits: int = 2, separator: str = " ± ") -> str:
     """Mean ± sample std of the known values ("-" for none, the value alone for one)."""
     known = [scale * v for v in values if v is not None]
     if not known:
         return "-"
     if len(known) == 1:
         return f"{known[0]:.{digits}f}"
-    return f"{statistics.mean(known):.{digits}f} ± {statistics.stdev(known):.{digits}f}"
+    return f"{statistics.mean(known):.{digits}f}{separator}{statistics.stdev(known):.{digits}f}"
 
 
 def _fedcorr(run: Run, *path: str) -> float | None:
@@ -99,15 +99,9 @@ def _fedcorr(run: Run, *path: str) -> float | None:
 
 
 def _accuracy(run: Run, key: str) -> float | None:
-    """A summary accuracy; an unfinished run has no summary, so its figures come from its rounds."""
-    summary = run.payload.get("summary")
-    if summary and summary.get(key) is not None:
-        return float(summary[key])
-    scores = [row["test_acc"] for row in run.rounds if row.get("test_acc") is not None]
-    if not scores:
-        return None
-    return {"best_acc": max(scores), "final_acc": scores[-1],
-            "last10_mean_acc": statistics.mean(scores[-10:])}[key]
+    """A summary accuracy (results.json keeps the summary of the rounds so far, finished or not)."""
+    value = (run.payload.get("summary") or {}).get(key)
+    return None if value is None else float(value)
 
 
 COLUMNS = ("group", "runs", "seeds", "best %", "final %", "last-10 %", "detection F1", "label noise after s2 %",

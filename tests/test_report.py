@@ -22,6 +22,7 @@ from reports.figures import (
 )
 from reports.runs import MULTIRUN_INDEX, find_runs
 from reports.tables import first_reach, group_runs, table_rows
+from server.results import summarise
 
 FEDCORR = "experiment=smoke strategy=fedcorr strategy.train.epochs=1 strategy.t1=2 strategy.t2=2 strategy.t3=2"
 FEDAVG = "experiment=smoke strategy=fedavg strategy.num_rounds=4 strategy.train.epochs=1"
@@ -130,9 +131,9 @@ def test_multirun_folders_and_unfinished_runs(smoke_runs, tmp_path):
     assert [run.seed for run in find_runs([str(sweep)])] == [1, 2]
     unfinished = tmp_path / "unfinished"
     unfinished.mkdir()
+    # What results.json holds after two rounds of a run that stopped: its rounds and their summary.
     payload = json.loads((smoke_runs / "fedavg-s1" / "results.json").read_text())
-    payload.update(complete=False, rounds=payload["rounds"][:2])
-    payload.pop("summary")
+    payload.update(complete=False, rounds=payload["rounds"][:2], summary=summarise(payload["rounds"][:2], 1.0))
     (unfinished / "results.json").write_text(json.dumps(payload))
     report_md = write_report(find_runs([str(unfinished)]), tmp_path / "out", 0.5)
     assert "unfinished" in report_md.read_text()
