@@ -22,6 +22,7 @@ class CentralEvaluator:
         self.settings = settings
         self.dataset = dataset
         self.model = model_for(settings.model, dataset, settings.transforms).to(self.device)
+        self.keys = list(self.model.state_dict())  # the state the model loads; rebuilt when it changes
         _, self.transform = transforms_for(settings.transforms, dataset)
         self.test = dataset.test
         self.batch_size = settings.server.eval_batch_size
@@ -29,9 +30,10 @@ class CentralEvaluator:
     def __call__(self, arrays: ArrayRecord) -> Scores:
         """The scores of the model given by ``arrays`` on the test split."""
         state = arrays.to_torch_state_dict()
-        if list(state) != list(self.model.state_dict()):
+        if list(state) != self.keys:
             self.model = model_for_state(self.settings.model, self.dataset, self.settings.transforms,
                                          state).to(self.device)
+            self.keys = list(state)
         self.model.load_state_dict(state)
         with torch.no_grad():
             return evaluate(self.model, self.test.images, self.test.labels, self.transform,

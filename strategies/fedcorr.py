@@ -385,10 +385,10 @@ def _parse(cfg: Mapping[str, Any], prefix: str) -> FedCorrSettings:
 def _check(settings: FedCorrSettings, env: Environment) -> None:
     settings.t3_under(env.comm_budget, env.num_clients)
     method = round_method(settings.stage3, "strategy.stage3")
+    rounds = settings.stage3_rounds(env.num_clients)
     key = "strategy.train.learner" if settings.stage3_learner is None else "strategy.stage3_learner"
-    method.check_learner(settings.stage3_rounds(env.num_clients).train, settings.stage3, key)
+    method.check_learner(rounds.train, settings.stage3, key)
     if method.check is not None:
-        rounds = settings.stage3_rounds(env.num_clients)
         method.check(settings.stage3_options, rounds.round_size(env.num_clients), env,
                      f"strategy.stage3_options.{settings.stage3}")
 

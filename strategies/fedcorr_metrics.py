@@ -140,8 +140,7 @@ class FedCorrMonitor:
                     matrices = self.confusion.setdefault(pid, {"before": list(counts.confusion_before)})
                     matrices[f"after_{mode}"] = list(counts.confusion_after)
                 if counts.split_tp is not None:
-                    self.split[pid] = {"split_tp": counts.split_tp, "split_fp": counts.split_fp or 0,
-                                       "split_fn": counts.split_fn or 0, "split_tn": counts.split_tn or 0}
+                    self.split[pid] = {key: getattr(counts, key) for key in SPLIT_KEYS}
 
     def clean_set(self, clean: list[int]) -> None:
         """Record S_c, the clients stage 2 finetunes on."""
