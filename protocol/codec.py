@@ -1,7 +1,8 @@
 """Typed payloads: frozen dataclasses to and from the flat records of a Flower message.
 
 A payload's fields are ``int``, ``float``, ``bool`` or ``str`` (each optionally ``| None``), a
-``tuple[int, ...]`` of counts (a small count vector, sent as a list), or a nested payload dataclass
+``tuple[int, ...]`` of counts or a ``tuple[float, ...]`` (a small per-class or per-component
+vector, sent as a list; never per-sample values), or a nested payload dataclass
 whose fields are flattened into the same record (optional nested payloads are all there or all
 absent). A nested field declared with ``metadata={NAMESPACED: True}`` puts its
 name before its keys (``lsr.gamma``), so two nested payloads may share field names. Field
@@ -25,7 +26,7 @@ if TYPE_CHECKING:
 
 T = TypeVar("T", bound="DataclassInstance")
 Scalar = int | float | bool | str
-Value = Scalar | list[int]
+Value = Scalar | list[int] | list[float]
 
 _SCALARS = (int, float, bool, str)
 
@@ -102,12 +103,20 @@ def encode(payload: Any, prefix: str = "") -> dict[str, Value]:
             record[prefix + record_key(spec.name)] = value
         elif isinstance(value, tuple) and all(type(item) is int for item in value):
             record[prefix + record_key(spec.name)] = list(value)
+        elif isinstance(value, tuple) and all(type(item) is float for item in value):
+            record[prefix + record_key(spec.name)] = list(value)
         else:
             raise TypeError(f"field {spec.name} of {type(payload).__name__} holds {value!r}: not a scalar")
     return record
 
 
-def _counts(value: Any, sender: str, key: str) -> tuple[int, ...]:
+def _vector(value: Any, hint: Any, sender: str, key: str) -> tuple[int, ...] | tuple[float, ...]:
+    if typing.get_args(hint)[0] is float:
+        # A list of ints is a valid float vector (a MetricRecord may hold whole numbers as ints).
+        if isinstance(value, list) and all(isinstance(item, (int, float)) and not isinstance(item, bool)
+                                           for item in value):
+            return tuple(float(item) for item in value)
+        raise ProtocolError(sender, key, f"holds {value!r}: expected a list of numbers")
     if isinstance(value, list) and all(type(item) is int for item in value):
         return tuple(value)
     raise ProtocolError(sender, key, f"holds {value!r}: expected a list of integer counts")
@@ -140,7 +149,7 @@ def _decode(cls: type[T], record: Mapping[str, Any], sender: str, prefix: str = 
         key = prefix + record_key(spec.name)
         if key in record:
             value = record[key]
-            kwargs[spec.name] = (_counts(value, sender, key) if typing.get_origin(hint) is tuple
+            kwargs[spec.name] = (_vector(value, hint, sender, key) if typing.get_origin(hint) is tuple
                                  else _scalar(value, hint, sender, key))
         elif not optional:
             raise ProtocolError(sender, key, "is missing")

@@ -34,7 +34,8 @@ class RunPlan:
 def environment(settings: RunSettings, **known: Any) -> Environment:
     """The strategies' view of the run's settings."""
     return Environment(num_clients=settings.num_clients, seed=settings.seed, comm_budget=settings.comm_budget,
-                       skip_failed=settings.server.on_client_error == "skip", **known)
+                       skip_failed=settings.server.on_client_error == "skip",
+                       iid=settings.scene.partition.name == "iid", ground_truth=settings.ground_truth, **known)
 
 
 def check_server_extras(settings: RunSettings) -> None:

@@ -19,6 +19,7 @@ class Environment:
     truth: the simulated scene's ground truth, for detection metrics; None without ground truth.
     new_network: a freshly initialised network of the run's architecture, seeded from the run's seed
         (Co-teaching's second network); None where the server has not given one.
+    iid: the scene's partition is IID (FedDiv's regulariser is on only for non-IID data).
     """
 
     num_clients: int
@@ -27,4 +28,6 @@ class Environment:
     skip_failed: bool = False
     parameter_names: tuple[str, ...] = ()
     truth: GroundTruth | None = None
+    ground_truth: bool = False
     new_network: Callable[[], ArrayRecord] | None = None
+    iid: bool = True

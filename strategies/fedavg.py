@@ -34,9 +34,13 @@ def example_counts(replies: dict[int, TrainReply]) -> list[float]:
 
 
 def mean_train_loss(replies: dict[int, TrainReply]) -> float:
-    """The clients' train losses averaged weighted by their local set sizes."""
-    losses = [reply.result.train_loss for reply in replies.values()]
-    return float(np.average(losses, weights=example_counts(replies)))
+    """The clients' train losses averaged weighted by their local set sizes, over the clients that
+    trained (a client with nothing to train on, as FedDiv's can be, reports NaN); NaN if none did."""
+    losses = np.array([reply.result.train_loss for reply in replies.values()])
+    trained = np.isfinite(losses)
+    if not trained.any():
+        return float("nan")
+    return float(np.average(losses[trained], weights=np.array(example_counts(replies))[trained]))
 
 
 def average_arrays(replies: dict[int, TrainReply]) -> ArrayRecord:

@@ -15,27 +15,8 @@ from typing import Any
 import numpy as np
 
 from protocol.fedcorr import CorrectRes
+from strategies.detection import REAL_NOISE_REASON, detection_scores, mean_abs_error
 from strategies.ground_truth import GroundTruth
-
-REAL_NOISE_REASON = ("the dataset's labels are noisy themselves (real noise): no client is noisy by construction, "
-                     "so there are no truly noisy clients to score detection against")
-
-
-def detection_scores(detected: Iterable[int], truth: Iterable[int]) -> dict[str, float]:
-    """Precision, recall and F1 of the detected noisy clients (1.0 where nothing was to be found)."""
-    detected, truth = set(detected), set(truth)
-    hits = len(detected & truth)
-    precision = hits / len(detected) if detected else (1.0 if not truth else 0.0)
-    recall = hits / len(truth) if truth else 1.0
-    f1 = 2 * precision * recall / (precision + recall) if precision + recall else 0.0
-    return {"precision": precision, "recall": recall, "f1": f1}
-
-
-def mean_abs_error(estimates: Mapping[int, float], truth: Mapping[int, float]) -> float | None:
-    """Mean |estimate - truth| over the clients whose truth is known (None if none is)."""
-    errors = [abs(estimates[k] - truth[k]) for k in estimates if np.isfinite(truth[k])]
-    return float(np.mean(errors)) if errors else None
-
 
 SPLIT_KEYS = ("split_tp", "split_fp", "split_fn", "split_tn")
 """Per client, its latest stage-1 sample split against the truth: flagged and wrong, flagged but

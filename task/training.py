@@ -4,7 +4,7 @@ proximal pull toward the global model and FedDyn's optional linear term."""
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 import torch
@@ -15,7 +15,7 @@ from data.sources.base import ImageArray
 from data.transforms import BatchTransform
 from task.batches import ImageBatches, check_labels_fit, label_tensor
 from task.learner_options import LearnerSchedule
-from task.learners import Batch, make_learner
+from task.learners import Batch, Learner, make_learner
 from task.local_training import LocalTraining, TrainStats
 
 _BATCHNORMS = (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d, nn.SyncBatchNorm)
@@ -77,6 +77,9 @@ def train_local(
     global_params: Sequence[torch.Tensor] | None = None,
     linear_terms: Sequence[torch.Tensor] | None = None,
     schedule: LearnerSchedule | None = None,
+    learner: Learner | None = None,
+    epoch_rows: Callable[[int, nn.Module], torch.Tensor] | None = None,
+    adjust_gradients: Callable[[], Callable[[], None] | None] | None = None,
 ) -> TrainStats:
     """SGD for ``cfg.epochs`` epochs over the local set, reshuffled each epoch; trains ``model`` in place.
 
@@ -91,6 +94,12 @@ def train_local(
     linear_terms: FedDyn's correction g (one tensor per parameter, same order); the objective then
     also subtracts the linear term <g, w> (Acar et al. 2021, Algorithm 1).
     schedule: the learner's values for this round from the server (default: none scheduled).
+    learner: a method's own objective (FedNoRo's distillation, FedDiv's mixup with its regulariser),
+    in place of ``cfg.learner``'s.
+    epoch_rows: ``(epoch, model) -> rows``: the local rows the epoch trains on (FedDiv re-selects its
+    samples with the current model before every epoch); the epoch shuffles them. Default: all rows.
+    adjust_gradients: called after every backward pass, before the step (FedES masks and scales the
+    gradients there); what it returns, if not None, is called right after the step.
 
     Returns the run's ``TrainStats``: n, the last epoch's mean batch loss as the learner reports it
     (without regularisers), the steps taken.
@@ -116,7 +125,8 @@ def train_local(
             raise ConfigError("prox_weight > 0 needs global_params: the global model's parameters")
         anchor = _param_copies("global_params", params, global_params, device)
     linear = None if linear_terms is None else _param_copies("linear_terms", params, linear_terms, device)
-    learner = make_learner(cfg, schedule or LearnerSchedule(), generator)
+    if learner is None:
+        learner = make_learner(cfg, schedule or LearnerSchedule(), generator)
     # A throwaway generator: the check must not move the training's random stream.
     probe = transform(batches(torch.zeros(1, dtype=torch.long)), torch.Generator(generator.device).manual_seed(0))
     check_labels_fit(int(targets.max()), _output_width(model, probe))
@@ -127,8 +137,13 @@ def train_local(
     model.train()
     steps = 0
     try:
-        for _ in range(cfg.epochs):
+        for epoch in range(cfg.epochs):
             order = torch.randperm(n, generator=generator, device=generator.device).to(device)
+            if epoch_rows is not None:
+                rows_now = torch.as_tensor(epoch_rows(epoch, model), dtype=torch.long).to(device)
+                chosen = torch.zeros(n, dtype=torch.bool, device=device)
+                chosen[rows_now] = True
+                order = order[chosen[order]]
             # Summed on the device: one host sync per call, not one per step.
             loss_sum = torch.zeros((), device=device)
             epoch_steps = 0
@@ -143,7 +158,10 @@ def train_local(
                     objective = objective - sum(torch.sum(g * p) for g, p in zip(linear, params))
                 optimizer.zero_grad()
                 objective.backward()
+                after_step = adjust_gradients() if adjust_gradients is not None else None
                 optimizer.step()
+                if after_step is not None:
+                    after_step()
                 loss_sum += loss.reported.detach()
                 epoch_steps += 1
                 steps += 1

@@ -63,7 +63,8 @@ def test_a_bad_train_instruction_names_the_sender_and_the_key(run, incoming, nod
 def test_an_unknown_client_method_is_named(run, incoming, node_context):
     overrides, _, arrays = run
     content = instruction(TrainIns(1, TRAINING, method="fedmagic"), arrays=arrays)
-    with pytest.raises(ValueError, match="client method 'fedmagic'; this node knows '', 'fedcorr', 'feddyn'"):
+    known = "'', 'fedcorr', 'feddiv', 'feddyn', 'fedes', 'fednoro'"
+    with pytest.raises(ValueError, match=f"client method 'fedmagic'; this node knows {known}"):
         client_app.train(incoming(content, "train"), node_context(overrides, 0))
 
 

@@ -7,7 +7,8 @@ import pytest
 
 from data.scene import Scene
 from protocol.fedcorr import CorrectRes, Diagnostics
-from strategies.fedcorr_metrics import REAL_NOISE_REASON, FedCorrMonitor
+from strategies.detection import REAL_NOISE_REASON
+from strategies.fedcorr_metrics import FedCorrMonitor
 from strategies.ground_truth import GroundTruth
 
 

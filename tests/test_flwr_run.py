@@ -29,14 +29,16 @@ def _pids_mentioning(text: str) -> list[int]:
     return pids
 
 
-def test_flwr_run_local_simulation_writes_complete_results(tmp_path):
+def flwr_run(tmp_path: Path, overrides: str) -> dict:
+    """``flwr run . --stream`` with the run-config ``overrides`` on 10 local SuperNodes; the results.json
+    it wrote (``flwr run --stream`` exits 0 even when the ServerApp fails: the file is the proof)."""
     home, out = tmp_path / "flwr-home", tmp_path / "run"
     env = {**os.environ, "FLWR_HOME": str(home), "PATH": f"{BIN}:{os.environ['PATH']}",
            "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1", "FLWR_TELEMETRY_ENABLED": "0"}
     try:
         done = subprocess.run(
             [str(BIN / "flwr"), "run", ".", "--stream",
-             "--run-config", f'overrides="experiment=smoke strategy=fedavg strategy.num_rounds=3 out_dir={out}"',
+             "--run-config", f'overrides="{overrides} out_dir={out}"',
              "--federation-config", "num-supernodes=10 client-resources-num-cpus=1 client-resources-num-gpus=0"],
             cwd=REPO, env=env, capture_output=True, text=True, timeout=300,
         )
@@ -45,7 +47,10 @@ def test_flwr_run_local_simulation_writes_complete_results(tmp_path):
         for pid in _pids_mentioning(str(home)):
             os.kill(pid, signal.SIGKILL)
     assert done.returncode == 0, done.stderr[-3000:]
-    # `flwr run --stream` exits 0 even when the ServerApp fails: the results file is the proof.
-    payload = json.loads((out / "results.json").read_text())
+    return json.loads((out / "results.json").read_text())
+
+
+def test_flwr_run_local_simulation_writes_complete_results(tmp_path):
+    payload = flwr_run(tmp_path, "experiment=smoke strategy=fedavg strategy.num_rounds=3")
     assert payload["complete"] is True and len(payload["rounds"]) == 3
     assert payload["summary"]["best_acc"] > 0.3

@@ -1,0 +1,53 @@
+"""FedNoRo's messages: its train options, and the detection query ``query.class_loss``.
+
+- ``train`` with method ``fednoro`` and ``FedNoRoOptions``: local training with the logit-adjusted
+  loss; a client the server flagged noisy also distils the global model with weight ``kd_weight``.
+- ``query.class_loss`` (arrays: the warmed-up global model) -> ``ClassLosses``: the model's mean
+  cross-entropy per class of the client's given labels, and how many samples each class has. One
+  C-vector of floats and one of counts, once per run: never per-sample values or labels.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from flwr.app import MessageType
+
+from common.validation import Choice, Flag, Number, check_fields, rule
+
+METHOD = "fednoro"
+CLASS_LOSS = f"{MessageType.QUERY}.class_loss"
+# How a class the client has no sample of enters the logit adjustment tau * log(pi): log 0 = -inf
+# (the released code), or pi floored at ABSENT_FLOOR first.
+ABSENT_CLASSES = ("neg_inf", "floor")
+ABSENT_FLOOR = 1e-8
+
+
+@dataclass(frozen=True)
+class FedNoRoOptions:
+    """What a FedNoRo client trains with this round.
+
+    noisy: the server flagged this client noisy (after the warm-up): it distils the global model.
+    kd_weight: lambda_t, the distillation's weight in [0, 1] (0 in the warm-up and for clean clients).
+    temperature: the teacher's softmax temperature T (> 0; 0.8 sharpens).
+    la_tau: the logit adjustment's strength tau (>= 0; 0 turns it off).
+    absent_classes: ``neg_inf`` | ``floor`` (see ``ABSENT_CLASSES``).
+    """
+
+    noisy: bool = field(metadata=rule(Flag()))
+    kd_weight: float = field(metadata=rule(Number(low=0.0, high=1.0)))
+    temperature: float = field(metadata=rule(Number(low=0.0, low_open=True)))
+    la_tau: float = field(metadata=rule(Number(low=0.0)))
+    absent_classes: str = field(default="neg_inf", metadata=rule(Choice(ABSENT_CLASSES)))
+
+    def __post_init__(self) -> None:
+        check_fields(self)
+
+
+@dataclass(frozen=True)
+class ClassLosses:
+    """A ``query.class_loss`` reply: per class c of the given labels, the sample count and the mean
+    cross-entropy of the sent model (0.0 where the count is 0: the class is missing)."""
+
+    counts: tuple[int, ...]
+    losses: tuple[float, ...]

@@ -1,0 +1,249 @@
+"""FedDiv (Li et al., AAAI 2024; ``../shared/methods.md`` section 3): a federated noise filter and
+predictive-consistency sampling.
+
+Warm-up (FedCorr's pre-processing schedule, the released code's): T_wu iterations; each visits every
+client once, one client per round in a seeded random order (omega_wu = 1/N), and the global model
+becomes that client's weights; clients train with mixup (+ eta L_reg) on all their samples.
+Main phase, T rounds: a uniform sample of omega N clients trains from the global model with the
+global filter (``client/methods/feddiv.py``); the server averages their weights (FedAvg), caches each
+client's returned local filter with its n_k, and the global filter becomes the n_k-weighted average
+of every cached filter (eq. 5): clients that did not train this round still count with the filter
+they sent last.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable, Mapping
+from dataclasses import asdict, dataclass, field, fields, replace
+from typing import Any
+
+import numpy as np
+from flwr.app import ArrayRecord, ConfigRecord, Message, RecordDict
+from flwr.serverapp import Grid
+
+from common.errors import ConfigError, InvalidValue
+from common.validation import Choice, Integer, Nullable, Number, check_fields, rule, settings_from_mapping
+from protocol.feddiv import METHOD, FedDivOptions, FedDivParams, FedDivReport
+from protocol.messages import TRAIN, TrainIns, instruction, read_extra
+from strategies.base import TrainReply
+from strategies.detection import counted_scores, detection_block, mean_abs_error
+from strategies.environment import Environment
+from strategies.fedavg import FedAvg
+from strategies.ground_truth import GroundTruth
+from strategies.registry import StrategyEntry, parse_training
+from strategies.rounds import RoundSettings
+from task.local_training import LocalTraining
+from task.noise_filter import NoiseFilter, aggregate_filters
+
+log = logging.getLogger(__name__)
+
+WARMUP, MAIN = "warmup", "main"
+# How the global filter's variances are averaged: ``linear`` with gamma_k (eq. 5), ``squared`` with
+# gamma_k^2 (the released code; narrower Gaussians).
+VARIANCE_AGGREGATIONS = ("linear", "squared")
+
+
+@dataclass(frozen=True)
+class FedDivSettings:
+    """FedDiv's settings (``conf/strategy/feddiv.yaml``; supplement Table 2 and the main text).
+
+    train: the local SGD (momentum 0.5, no weight decay in the paper); its learner must be ``ce``:
+        FedDiv trains with its own objective.
+    warmup_iterations: T_wu (CIFAR-10 5, CIFAR-100 10, Clothing1M 2).
+    num_rounds: T, the main phase's rounds; fraction: omega; min_clients: the smallest round.
+    params: the clients' hyperparameters (``protocol.feddiv.FedDivParams``; flat keys in the config).
+    eta: L_reg's weight (None: 1 on a non-IID partition, 0 on IID, as the paper sets it).
+    variance_aggregation: ``linear`` (eq. 5) | ``squared`` (the released code).
+    """
+
+    train: LocalTraining
+    params: FedDivParams
+    warmup_iterations: int = field(metadata=rule(Integer(low=0)))
+    num_rounds: int = field(metadata=rule(Integer(low=1)))
+    fraction: float = field(metadata=rule(Number(low=0.0, high=1.0, low_open=True)))
+    min_clients: int = field(default=1, metadata=rule(Integer(low=1)))
+    eta: float | None = field(default=None, metadata=rule(Nullable(Number(low=0.0))))
+    variance_aggregation: str = field(default="linear", metadata=rule(Choice(VARIANCE_AGGREGATIONS)))
+
+    def __post_init__(self) -> None:
+        check_fields(self)
+        if self.train.learner != "ce":
+            raise InvalidValue("train.learner", self.train.learner,
+                               "ce: FedDiv's clients train with its own objective (mixup + L_reg)")
+
+    def main_rounds(self) -> RoundSettings:
+        """The main phase's schedule."""
+        return RoundSettings(train=self.train, num_rounds=self.num_rounds, fraction=self.fraction,
+                             min_clients=self.min_clients)
+
+    def rounds_under(self, comm_budget: int | None, num_clients: int) -> int:
+        """T, or with a budget the main rounds the warm-up's T_wu * N participations leave."""
+        return self.main_rounds().rounds_under(comm_budget, num_clients, self.warmup_iterations * num_clients,
+                                               "FedDiv's warm-up")
+
+    def client_options(self, iid: bool, seed: int, diagnostics: bool) -> FedDivOptions:
+        """The options every client gets (the server fills in the phase and the global filter)."""
+        eta = self.eta if self.eta is not None else (0.0 if iid else 1.0)
+        return FedDivOptions(phase=WARMUP, params=self.params, eta=eta, seed=seed, diagnostics=diagnostics)
+
+
+class FedDivMonitor:
+    """What FedDiv believes about its clients, and with ground truth how right it is: per client its
+    latest noise estimate delta_hat (>= the clean-client threshold: treated as noisy), the sample
+    split, the relabelling and the label noise of what clients trained on. ``results()`` is the
+    ``feddiv`` block of results.json."""
+
+    def __init__(self, clients: list[int], threshold: float, truth: GroundTruth | None) -> None:
+        self.clients, self.threshold, self.truth = list(clients), threshold, truth
+        self.estimates: dict[int, float] = {}
+        self.totals: dict[str, int] = {}
+        self.global_filter: NoiseFilter | None = None
+        self.filters: list[dict[str, Any]] = []
+
+    def round(self, server_round: int, reports: Mapping[int, FedDivReport], global_filter: NoiseFilter) -> None:
+        """Fold in a main round's reports and the new global filter."""
+        for pid, report in reports.items():
+            self.estimates[pid] = report.noise_estimate
+            counts = {"relabeled": report.relabeled, "trained": report.trained,
+                      **(asdict(report.diagnostics) if report.diagnostics else {})}
+            for key, value in counts.items():
+                self.totals[key] = self.totals.get(key, 0) + value
+        if self.global_filter is None:
+            print(f"[feddiv] first global filter (round {server_round}): {_filter_line(global_filter)}", flush=True)
+        self.global_filter = global_filter
+        self.filters.append({"round": server_round, **asdict(global_filter)})
+
+    def results(self) -> dict[str, Any]:
+        """The ``feddiv`` block."""
+        detected = [pid for pid, estimate in self.estimates.items() if estimate >= self.threshold]
+        t = self.totals
+        block: dict[str, Any] = {
+            "global_filter": asdict(self.global_filter) if self.global_filter else None,
+            "global_filters": self.filters,
+            "noise_estimates": {str(pid): value for pid, value in sorted(self.estimates.items())},
+            "clients_seen": len(self.estimates),
+            **detection_block(detected, self.truth),
+            "relabeled": t.get("relabeled", 0),
+            "trained_samples": t.get("trained", 0),
+        }
+        if self.truth and "known" in t:
+            block.update({
+                "noise_estimate_mae": mean_abs_error(self.estimates, self.truth.true_noise),
+                # Flagging wrong labels: the filter's split against the truth, summed over rounds.
+                "sample_split": counted_scores(t["split_tp"], t["split_tp"] + t["split_fp"],
+                                               t["split_tp"] + t["split_fn"]),
+                "relabel_precision": t["relabeled_correct"] / t["relabeled"] if t["relabeled"] else None,
+                "label_noise": {"given": t["wrong"] / t["known"] if t["known"] else None,
+                                "trained": t["trained_wrong"] / t["trained"] if t["trained"] else None},
+            })
+        return block
+
+
+def _filter_line(f: NoiseFilter) -> str:
+    return (f"clean N({f.mean_clean:.3f}, {f.var_clean:.4f}) x {f.weight_clean:.3f}, "
+            f"noisy N({f.mean_noisy:.3f}, {f.var_noisy:.4f}) x {f.weight_noisy:.3f}")
+
+
+class FedDiv(FedAvg):
+    """FedDiv's warm-up and main phase.
+
+    warmup_iterations: T_wu. options: what clients are sent (phase and filter filled in per round).
+    squared_variances: aggregate the filters' variances with gamma_k^2 (``variance_aggregation``).
+    truth: ground truth, or None. Other arguments: see ``FedAvg`` (``num_rounds``: the main phase's).
+    """
+
+    def __init__(self, *, warmup_iterations: int, options: FedDivOptions, squared_variances: bool,
+                 truth: GroundTruth | None, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.warmup_iterations = warmup_iterations
+        self.options = options
+        self.squared_variances = squared_variances
+        self.truth = truth
+        self.stage = WARMUP if warmup_iterations else MAIN
+        self._warmup_left = -1  # warm-up rounds still to run; set when the federation is bound
+        self._order: list[int] = []
+        self.cache: dict[int, tuple[NoiseFilter, int]] = {}
+        self.global_filter: NoiseFilter | None = None
+        self.monitor: FedDivMonitor | None = None
+
+    def bind(self, federation: Any) -> None:
+        """Bind the federation; the warm-up visits each client once per iteration."""
+        super().bind(federation)
+        self._warmup_left = self.warmup_iterations * len(federation.partition_ids)
+        self.monitor = FedDivMonitor(federation.partition_ids, self.options.params.clean_client, self.truth)
+
+    def planned_rounds(self) -> int:
+        """T_wu * N warm-up rounds, then T main rounds."""
+        return self.warmup_iterations * len(self.federation.partition_ids) + self.num_rounds
+
+    def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
+                        grid: Grid) -> Iterable[Message]:
+        """A warm-up round (the next client of this iteration's order) or a main round (a sample)."""
+        self.global_arrays = arrays
+        ins = TrainIns(server_round, self.train, method=METHOD)
+        if self._warmup_left > 0:
+            self.stage = WARMUP
+            if not self._order:
+                self._order = [int(pid) for pid in self.rng.permutation(self.federation.partition_ids)]
+            chosen = [self._order.pop(0)]
+            self._warmup_left -= 1
+            options = self.options
+        else:
+            self.stage = MAIN
+            chosen = self.select(server_round, arrays, grid)
+            options = replace(self.options, phase=MAIN, filter=self.global_filter)
+        content = instruction(ins, arrays=arrays, options=options, method=METHOD)
+        return self.messages({pid: content for pid in chosen}, TRAIN)
+
+    def read_train(self, content: RecordDict, sender: str) -> TrainReply:
+        """A ``train`` reply; in the main phase with the client's ``FedDivReport``."""
+        reply = super().read_train(content, sender)
+        if self.stage == WARMUP:
+            return reply
+        return TrainReply(reply.arrays, reply.result, read_extra(content, METHOD, FedDivReport, sender))
+
+    def aggregate(self, replies: dict[int, TrainReply]) -> ArrayRecord:
+        """FedAvg of the weights; in the main phase also the filter cache and the new global filter."""
+        arrays = super().aggregate(replies)
+        if self.stage == MAIN:
+            assert self.monitor is not None
+            for pid, reply in replies.items():
+                self.cache[pid] = (reply.extra.filter, reply.result.num_examples)
+            cached = [self.cache[pid] for pid in sorted(self.cache)]
+            self.global_filter = aggregate_filters([f for f, _ in cached], [float(n) for _, n in cached],
+                                                   squared_weights=self.squared_variances)
+            self.monitor.round(self.stage_rounds + 1, {pid: reply.extra for pid, reply in replies.items()},
+                               self.global_filter)
+        return arrays
+
+    def extra_results(self) -> dict[str, Any]:
+        """The ``feddiv`` block (see ``FedDivMonitor``)."""
+        return {"feddiv": self.monitor.results()} if self.monitor else {}
+
+
+_PARAMS = {spec.name for spec in fields(FedDivParams)}
+
+
+def _parse(cfg: Mapping[str, Any], prefix: str) -> FedDivSettings:
+    params = settings_from_mapping(FedDivParams, {k: v for k, v in cfg.items() if k in _PARAMS}, prefix)
+    rest = {k: v for k, v in cfg.items() if k not in _PARAMS}
+    return settings_from_mapping(FedDivSettings, rest, prefix, train=parse_training(cfg, prefix), params=params)
+
+
+def _check(settings: FedDivSettings, env: Environment) -> None:
+    settings.main_rounds().check_for(env.num_clients, None, "strategy")
+    if settings.rounds_under(env.comm_budget, env.num_clients) < 1:
+        raise ConfigError(f"comm_budget={env.comm_budget} is too small: FedDiv's warm-up spends "
+                          f"{settings.warmup_iterations * env.num_clients} participations and leaves no main round")
+
+
+def _build(settings: FedDivSettings, env: Environment, rng: np.random.Generator) -> FedDiv:
+    return FedDiv(num_rounds=settings.rounds_under(env.comm_budget, env.num_clients), fraction=settings.fraction,
+                  min_clients=settings.min_clients, train=settings.train, stage=MAIN, rng=rng,
+                  skip_failed=env.skip_failed, warmup_iterations=settings.warmup_iterations,
+                  options=settings.client_options(env.iid, env.seed, env.truth is not None),
+                  squared_variances=settings.variance_aggregation == "squared", truth=env.truth)
+
+
+STRATEGY = StrategyEntry("feddiv", _parse, _check, _build)

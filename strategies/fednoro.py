@@ -1,0 +1,255 @@
+"""FedNoRo (Wu et al., IJCAI 2023; ``../shared/methods.md`` section 2): warm-up, noisy-client
+detection, then distillation on noisy clients and distance-aware aggregation.
+
+Warm-up (the first T1 rounds): FedAvg, every client trains with the logit-adjusted loss.
+Detection (once, before round T1 + 1): every client, sampled or not, answers ``query.class_loss``
+with the warmed-up global model's per-class mean loss on its given labels; the server votes a
+2-component mixture over them (``strategies.fednoro_detection``): S_n, the noisy clients.
+Then each round clean clients keep the logit-adjusted loss and noisy ones add distillation from
+the global model with weight lambda_t = a exp(-5 (1 - (clip(t, b, e) - b) / (e - b))^2), b = T1; the
+server aggregates with DaAgg: w_i proportional to n_i exp(-D(i)), D(i) the distance of a noisy
+client's weights to the nearest clean participant's, divided by the round's largest (0 for clean
+clients). A round whose participants are all clean or all noisy is plain FedAvg (FNBench's rule
+for partial participation).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Collection, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import numpy as np
+from flwr.app import ArrayRecord, ConfigRecord, Message, RecordDict
+from flwr.serverapp import Grid
+
+from common.errors import ConfigError
+from common.seeding import rng_for
+from common.validation import Choice, Flag, Integer, Nullable, Number, check_fields, rule
+from protocol.codec import ProtocolError
+from protocol.fednoro import ABSENT_CLASSES, CLASS_LOSS, METHOD, ClassLosses, FedNoRoOptions
+from protocol.messages import TRAIN, instruction, read_reply
+from strategies.aggregation import as_record, weighted_average
+from strategies.base import TrainReply
+from strategies.detection import detection_block
+from strategies.environment import Environment
+from strategies.fedavg import FedAvg, client_states, example_counts
+from strategies.fednoro_detection import normalised_class_losses, voted_noisy_rows
+from strategies.ground_truth import GroundTruth
+from strategies.registry import RoundMethod, RoundMethodSettings, round_entry
+
+log = logging.getLogger(__name__)
+
+WARMUP, DISTILL = "warmup", "distill"
+# Where lambda's ramp ends: ``half`` e = floor(R/2) - 1 (the released code's 49 of 100 rounds), ``end``
+# e = R (FNBench).
+RAMP_ENDS = ("half", "end")
+# The distance between two clients' weights: ``per_tensor`` sums each tensor's Frobenius norm (the
+# released code); ``global_l2`` is the norm of all weights as one vector (the slides' ||w_i - w_j||).
+DISTANCES = ("per_tensor", "global_l2")
+
+
+@dataclass(frozen=True)
+class FedNoRoSettings:
+    """FedNoRo's options (``conf/strategy/method/fednoro.yaml``).
+
+    warmup: T1, the warm-up rounds before detection (None: a tenth of the rounds, at least 1; the
+        released code's 10 of 100).
+    kd_weight: a, lambda's ceiling (0.8). kd_temperature: the teacher's T (0.8).
+    la_tau: the logit adjustment's tau (1). absent_classes: ``neg_inf`` | ``floor`` (B6).
+    kd_ramp_end: ``half`` | ``end`` (B5). gmm_runs: mixture fits voted over (9).
+    distance: ``per_tensor`` | ``global_l2`` (B2); distance_buffers: include BatchNorm buffers (code).
+    """
+
+    warmup: int | None = field(default=None, metadata=rule(Nullable(Integer(low=1))))
+    kd_weight: float = field(default=0.8, metadata=rule(Number(low=0.0, high=1.0)))
+    kd_temperature: float = field(default=0.8, metadata=rule(Number(low=0.0, low_open=True)))
+    la_tau: float = field(default=1.0, metadata=rule(Number(low=0.0)))
+    absent_classes: str = field(default="neg_inf", metadata=rule(Choice(ABSENT_CLASSES)))
+    kd_ramp_end: str = field(default="half", metadata=rule(Choice(RAMP_ENDS)))
+    gmm_runs: int = field(default=9, metadata=rule(Integer(low=1)))
+    distance: str = field(default="per_tensor", metadata=rule(Choice(DISTANCES)))
+    distance_buffers: bool = field(default=True, metadata=rule(Flag()))
+
+    def __post_init__(self) -> None:
+        check_fields(self)
+
+    def warmup_of(self, num_rounds: int) -> int:
+        """T1 for a run of ``num_rounds`` rounds."""
+        return self.warmup if self.warmup is not None else max(1, num_rounds // 10)
+
+    def ramp_of(self, num_rounds: int) -> tuple[int, int]:
+        """(b, e): lambda rises from round b (T1) to round e."""
+        end = num_rounds // 2 - 1 if self.kd_ramp_end == "half" else num_rounds
+        return self.warmup_of(num_rounds), end
+
+
+def kd_weight_at(t: int, ceiling: float, begin: int, end: int) -> float:
+    """lambda_t = a exp(-5 (1 - (clip(t, b, e) - b) / (e - b))^2): 0-ish at b, a from e on."""
+    progress = (min(max(t, begin), end) - begin) / (end - begin)
+    return float(ceiling * np.exp(-5.0 * (1.0 - progress) ** 2))
+
+
+def state_distance(a: Mapping[str, np.ndarray], b: Mapping[str, np.ndarray], keys: Iterable[str],
+                   per_tensor: bool) -> float:
+    """The distance between two model states over ``keys`` (integer arrays skipped): the sum of each
+    tensor's Frobenius norm, or the norm of all of them as one vector."""
+    norms = [float(np.linalg.norm(np.asarray(a[key], np.float64) - np.asarray(b[key], np.float64)))
+             for key in keys if np.asarray(a[key]).dtype.kind == "f"]
+    return float(sum(norms)) if per_tensor else float(np.sqrt(sum(n * n for n in norms)))
+
+
+def daagg_weights(states: Sequence[Mapping[str, np.ndarray]], sizes: Sequence[float], noisy: Sequence[bool],
+                  keys: Collection[str], per_tensor: bool = True) -> list[float]:
+    """DaAgg's weights n_i exp(-D(i)), normalised: D(i) = d(i) / max_j d(j), d(i) the distance of a
+    noisy client's state to the nearest clean one (0 for clean clients). All clean or all noisy:
+    the plain size weights (FedAvg)."""
+    if all(noisy) or not any(noisy):
+        return [size / sum(sizes) for size in sizes]
+    clean = [state for state, flag in zip(states, noisy) if not flag]
+    d = np.array([min(state_distance(state, other, keys, per_tensor) for other in clean) if flag else 0.0
+                  for state, flag in zip(states, noisy)])
+    scaled = d / d.max() if d.max() > 0 else d
+    raw = np.asarray(sizes, dtype=np.float64) * np.exp(-scaled)
+    return [float(w) for w in raw / raw.sum()]
+
+
+class FedNoRo(FedAvg):
+    """FedAvg's sampling with FedNoRo's warm-up, detection, distillation and DaAgg.
+
+    warmup: T1 (resolved). ramp: (b, e) of lambda. kd_weight, kd_temperature, la_tau,
+        absent_classes, gmm_runs, distance, distance_buffers: see ``FedNoRoSettings``.
+    parameter_names: the model's parameters (the distance without buffers uses only these).
+    seed: the run's seed (the mixtures' seeds derive from it). truth: ground truth, or None.
+    Other arguments: see ``FedAvg``.
+    """
+
+    def __init__(self, *, warmup: int, ramp: tuple[int, int], kd_weight: float, kd_temperature: float,
+                 la_tau: float, absent_classes: str, gmm_runs: int, distance: str, distance_buffers: bool,
+                 parameter_names: Collection[str], seed: int, truth: GroundTruth | None, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.stage = WARMUP
+        self.warmup, self.ramp = warmup, ramp
+        self.kd_weight, self.kd_temperature, self.la_tau = kd_weight, kd_temperature, la_tau
+        self.absent_classes, self.gmm_runs = absent_classes, gmm_runs
+        self.per_tensor = distance == "per_tensor"
+        self.distance_buffers = distance_buffers
+        self.parameter_names = tuple(parameter_names)
+        self.seed, self.truth = seed, truth
+        self.noisy: frozenset[int] | None = None
+        self.agreement: float | None = None
+        self.scores: dict[int, float] = {}
+        self.queries = 0
+
+    def options_for(self, pid: int) -> FedNoRoOptions:
+        """Client ``pid``'s options this round: its role and lambda_t (0 for clean clients and in the warm-up)."""
+        noisy = self.noisy is not None and pid in self.noisy
+        weight = kd_weight_at(self.stage_rounds, self.kd_weight, *self.ramp) if noisy else 0.0
+        return FedNoRoOptions(noisy=noisy, kd_weight=weight, temperature=self.kd_temperature,
+                              la_tau=self.la_tau, absent_classes=self.absent_classes)
+
+    def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
+                        grid: Grid) -> Iterable[Message]:
+        """Detect once the warm-up is over, then send each sampled client its role and lambda_t."""
+        self.global_arrays = arrays
+        if self.noisy is None and self.stage_rounds >= self.warmup:
+            self.detect(grid, arrays)
+        chosen = self.select(server_round, arrays, grid)
+        ins = replace(self.train_instruction(server_round), method=METHOD)
+        return self.messages({pid: instruction(ins, arrays=arrays, options=self.options_for(pid), method=METHOD)
+                              for pid in chosen}, TRAIN)
+
+    def aggregate(self, replies: dict[int, TrainReply]) -> ArrayRecord:
+        """FedAvg in the warm-up, DaAgg after it."""
+        states, sizes = client_states(replies), example_counts(replies)
+        if self.noisy is None:
+            return as_record(weighted_average(states, sizes))
+        keys = states[0].keys() if self.distance_buffers else self.parameter_names
+        weights = daagg_weights(states, sizes, [pid in self.noisy for pid in replies], keys, self.per_tensor)
+        return as_record(weighted_average(states, weights))
+
+    def detect(self, grid: Grid, arrays: ArrayRecord) -> None:
+        """Every client's per-class losses of the warmed-up model, and the voted noisy set S_n."""
+        replies = self.exchange(grid, {pid: instruction(arrays=arrays) for pid in self.federation.partition_ids},
+                                CLASS_LOSS, _read_class_losses)
+        self.queries += len(replies)
+        pids = sorted(replies)
+        widths = {len(replies[pid].counts) for pid in pids}
+        if len(widths) != 1:
+            raise ProtocolError("the clients", "counts", f"have different lengths {sorted(widths)}")
+        matrix = normalised_class_losses(np.array([replies[pid].losses for pid in pids]),
+                                         np.array([replies[pid].counts for pid in pids]))
+        draw = rng_for(self.seed, "fednoro-detection")
+        seeds = [int(s) for s in draw.integers(2**31, size=self.gmm_runs)]
+        rows, self.agreement = voted_noisy_rows(matrix, seeds)
+        self.noisy = frozenset(pids[row] for row in rows)
+        self.scores = {pid: float(matrix[i].sum()) for i, pid in enumerate(pids)}
+        self.stage = DISTILL
+        line = (f"[fednoro] detection after {self.stage_rounds} warm-up rounds: {len(self.noisy)} of {len(pids)} "
+                f"clients noisy ({100 * self.agreement:.0f}% of {self.gmm_runs} mixture fits agree)")
+        block = detection_block(self.noisy, self.truth)
+        if block.get("detection"):
+            d = block["detection"]
+            line += f"; precision {d['precision']:.3f}, recall {d['recall']:.3f}, F1 {d['f1']:.3f}"
+        print(line, flush=True)
+
+    def extra_results(self) -> dict[str, Any]:
+        """The ``fednoro`` block: S_n (scored with ground truth), when and how it was found, per client."""
+        block: dict[str, Any] = {
+            "detected_after_round": self.warmup if self.noisy is not None else None,
+            **detection_block(self.noisy or (), self.truth),
+            "vote_agreement": self.agreement,
+            "class_loss_queries": self.queries,
+            "clients": [{"client": pid, "loss_score": self.scores.get(pid),
+                         "detected_noisy": self.noisy is not None and pid in self.noisy,
+                         **({"true_noise": self.truth.true_noise[pid]} if self.truth else {})}
+                        for pid in self.federation.partition_ids],
+        }
+        return {"fednoro": block}
+
+
+def _read_class_losses(content: RecordDict, sender: str) -> ClassLosses:
+    res = read_reply(content, ClassLosses, sender)
+    if len(res.counts) != len(res.losses) or any(c < 0 for c in res.counts):
+        raise ProtocolError(sender, "counts", "must be one count >= 0 per class loss")
+    if not all(np.isfinite(res.losses)):
+        raise ProtocolError(sender, "losses", "must be finite numbers")
+    return res
+
+
+def _arguments(options: FedNoRoSettings, env: Environment, num_rounds: int) -> dict[str, Any]:
+    return {"warmup": options.warmup_of(num_rounds), "ramp": options.ramp_of(num_rounds),
+            "kd_weight": options.kd_weight, "kd_temperature": options.kd_temperature, "la_tau": options.la_tau,
+            "absent_classes": options.absent_classes, "gmm_runs": options.gmm_runs,
+            "distance": options.distance, "distance_buffers": options.distance_buffers,
+            "parameter_names": env.parameter_names, "seed": env.seed, "truth": env.truth}
+
+
+# The clients train with FedNoRo's own objective (learner ``ce`` in the train block), one network.
+_METHOD = RoundMethod(FedNoRoSettings, FedNoRo, learner="ce", two_networks=False)
+_ROUNDS = round_entry("fednoro", _METHOD)
+
+
+def _check(settings: RoundMethodSettings, env: Environment) -> None:
+    _ROUNDS.check(settings, env)
+    rounds = settings.rounds.rounds_under(env.comm_budget, env.num_clients)
+    options: FedNoRoSettings = settings.options
+    begin, end = options.ramp_of(rounds)
+    if begin >= rounds:
+        raise ConfigError(f"strategy.warmup={begin} is invalid: allowed is fewer than the run's {rounds} rounds")
+    if end <= begin:
+        raise ConfigError(f"strategy.warmup={begin} is invalid: the distillation weight's ramp ends at round {end} "
+                          f"(kd_ramp_end={options.kd_ramp_end}); allowed is a warm-up shorter than that")
+
+
+def _build(settings: RoundMethodSettings, env: Environment, rng: np.random.Generator) -> FedNoRo:
+    rounds = settings.rounds
+    num_rounds = rounds.rounds_under(env.comm_budget, env.num_clients)
+    return FedNoRo(num_rounds=num_rounds, fraction=rounds.fraction, min_clients=rounds.min_clients,
+                   train=rounds.train, stage=WARMUP, rng=rng, skip_failed=env.skip_failed,
+                   **_arguments(settings.options, env, num_rounds))
+
+
+# Not offered as FedCorr's stage 3 (no round_method): its warm-up and detection are a run of their own.
+STRATEGY = replace(_ROUNDS, check=_check, build=_build, round_method=None)

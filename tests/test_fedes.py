@@ -1,0 +1,339 @@
+"""FedES: the quality estimate, SeGD and NaAgg on hand-checkable inputs, its settings, and a whole run."""
+
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+import pytest
+import torch
+from flwr.app import Array, ArrayRecord, ConfigRecord, RecordDict
+from torch import nn
+
+from client import app as client_app
+from common.errors import ConfigError, InvalidValue
+from protocol.codec import ProtocolError
+from protocol.fedes import METHOD, SeGdOptions
+from protocol.messages import TrainIns, TrainRes, instruction, read_instruction, read_options, read_reply
+from server.config import load_run
+from settings.compose import compose_config
+from strategies import fedes_quality
+from strategies.base import TrainReply
+from strategies.federation import Federation
+from strategies.fedes import ESTIMATE, SEGD, FedES, naagg_weights, spearman
+from strategies.fedes_quality import (
+    cop_summary,
+    criticality,
+    estimate_quality,
+    min_max_quality,
+    parameter_set,
+    signed_distance,
+    wasserstein_1d,
+)
+from strategies.registry import build_strategy
+from task.critical_parameters import in_parameter_set
+from task.local_training import LocalTraining
+from task.selective_gradient import critical_mask, selective_gradient
+
+TRAINING = LocalTraining(lr=0.05, epochs=1, batch_size=16)
+
+
+# --- the quality estimate (server) ---------------------------------------------------------------
+
+def test_cop_is_the_update_times_the_starting_weight():
+    after, start = np.array([1.5, -2.0, 0.0, 7.0]), np.array([1.0, -1.0, 2.0, 0.0])
+    # updates 0.5, -1, -2, 7 times weights 1, -1, 2, 0; a weight at 0 is never critical.
+    np.testing.assert_allclose(criticality(after, start), [0.5, 1.0, 4.0, 0.0])
+
+
+def test_emd_of_equal_size_samples_is_the_mean_gap_of_their_sorted_values():
+    assert wasserstein_1d(np.array([3.0, 1.0, 2.0]), np.array([0.0, 6.0, 0.0])) == pytest.approx((1 + 2 + 3) / 3)
+    same = np.array([0.2, 0.9, 0.4])
+    assert wasserstein_1d(same, same[::-1].copy()) == 0.0, "one distribution in another order"
+    with pytest.raises(ValueError, match="one size"):
+        wasserstein_1d(np.zeros(2), np.zeros(3))
+
+
+def test_the_distance_takes_the_sign_of_the_summaries_and_sign_zero_is_zero():
+    assert signed_distance(2.0, 1.0, 0.3) == 0.3
+    assert signed_distance(0.5, 1.0, 0.3) == -0.3
+    assert signed_distance(1.0, 1.0, 0.3) == 0.0
+    assert signed_distance(2.0, 1.0, 0.0) == 0.0, "one distribution: no distance whatever the sign"
+
+
+def test_rho_is_the_min_max_normalised_distance_with_an_optional_floor():
+    assert min_max_quality({0: -1.0, 1: 1.0, 2: 0.0}) == {0: 0.0, 1: 1.0, 2: 0.5}
+    assert min_max_quality({0: -1.0, 1: 1.0, 2: 0.0}, floor=0.1) == {0: 0.1, 1: 1.0, 2: 0.5}
+    # No client differs from another: every rho is 1 (FedES becomes FedAvg) instead of 0/0.
+    assert min_max_quality({3: 0.2, 5: 0.2}) == {3: 1.0, 5: 1.0}
+
+
+def test_mu_is_the_mean_of_the_higher_gmm_component_at_cop_scale(monkeypatch):
+    rng = np.random.default_rng(0)
+    values = 1e-5 * np.concatenate([rng.normal(1.0, 0.05, 900), rng.normal(5.0, 0.05, 100)])
+    assert cop_summary(values, "arithmetic_mean", seed=1) == pytest.approx(values.mean())
+    # At 1e-5 scale scikit-learn's variance floor would merge the components; in units of spread it does not.
+    assert cop_summary(values, "gmm", seed=1) == pytest.approx(5e-5, rel=0.01)
+    assert cop_summary(np.full(5, 3e-4), "gmm", seed=1) == pytest.approx(3e-4), "one population: its mean"
+    monkeypatch.setattr(fedes_quality, "GMM_SAMPLE", 200)
+    subsampled = cop_summary(values, "gmm", seed=1)
+    assert subsampled == cop_summary(values, "gmm", seed=1), "the subsample comes from the seed"
+    assert subsampled == pytest.approx(5e-5, rel=0.02)
+
+
+def test_estimate_on_two_clients_by_hand():
+    start = {"w": np.array([[1.0, 2.0], [3.0, 4.0]], np.float32), "b": np.zeros(2, np.float32),
+             "buffer": np.ones((2, 2), np.float32)}
+    clean = {**start, "w": start["w"] + 0.4}  # CoP 0.4, 0.8, 1.2, 1.6: mean 1.0
+    noisy = {**start, "w": start["w"] + np.array([[0, 0], [0, 0.1]], np.float32),  # CoP 0, 0, 0, 0.4: mean 0.1
+             "b": np.full(2, 50.0, np.float32), "buffer": np.full((2, 2), 50.0, np.float32)}
+    aggregate = {key: (clean[key] + noisy[key]) / 2 for key in start}  # CoP 0.2, 0.4, 0.6, 1.0: mean 0.55
+    names = parameter_set(start, ["w", "b"], "weights")
+    assert names == ["w"] and parameter_set(start, ["w", "b"], "all") == ["w", "b"], "buffers are never in P"
+    estimate = estimate_quality(start, {0: clean, 1: noisy}, aggregate, names, estimator="arithmetic_mean", seed=1)
+    # Sorted gaps to the global CoP: 0.2, 0.4, 0.6, 0.6 for both clients, EMD 0.45, signs + and -.
+    assert estimate.distance == pytest.approx({0: 0.45, 1: -0.45})
+    assert estimate.mu == pytest.approx({0: 1.0, 1: 0.1}) and estimate.mu_global == pytest.approx(0.55)
+    assert estimate.rho == {0: 1.0, 1: 0.0}
+
+
+def test_spearman_of_ranks():
+    assert spearman([0.1, 0.5, 0.9], [0.2, 0.3, 1.0]) == pytest.approx(1.0)
+    assert spearman([0.1, 0.5, 0.9], [1.0, 0.3, 0.2]) == pytest.approx(-1.0)
+    assert spearman([1.0, 1.0], [0.2, 0.3]) is None
+
+
+# --- SeGD (client) -------------------------------------------------------------------------------
+
+def two_layers(weight_grads: list[list[list[float]]], bias_grad: float = 7.0) -> nn.Sequential:
+    """Linear(2, 2) -> Linear(2, 1) with every parameter 1 (so c = |grad|) and the given weight gradients."""
+    model = nn.Sequential(nn.Linear(2, 2), nn.Linear(2, 1))
+    with torch.no_grad():
+        for param in model.parameters():
+            param.fill_(1.0)
+    for layer, grads in zip(model, weight_grads):
+        layer.weight.grad = torch.tensor(grads)
+        layer.bias.grad = torch.full_like(layer.bias, bias_grad)
+    return model
+
+
+def grads(model: nn.Module) -> list[list[float]]:
+    return [param.grad.flatten().tolist() for param in model.parameters()]
+
+
+def test_the_mask_ranks_all_of_p_at_once_and_scales_the_kept_gradient():
+    model = two_layers([[[1.0, -5.0], [3.0, 0.5]], [[4.0, 3.5]]])
+    selective_gradient(model, rho=0.5)()
+    # m = 6, k = 3: the top three |G * W| over both layers are 5, 4 and 3.5 (a per-layer top half
+    # would keep 3 too); they keep half their gradient, the biases keep all of theirs.
+    assert grads(model) == [[0.0, -2.5, 0.0, 0.0], [7.0, 7.0], [2.0, 1.75], [7.0]]
+
+
+def test_the_mask_uses_the_weights_keeps_ties_and_rho_zero_stops_p():
+    model = two_layers([[[4.0, 4.0], [4.0, 1.0]], [[1.0, 9.0]]])
+    with torch.no_grad():
+        model[1].weight[0, 1] = 0.0  # its gradient is large but |G * W| = 0
+    selective_gradient(model, rho=2 / 6)()
+    # k = 2 but three entries tie at the 2nd largest criticality 4: all three are kept.
+    np.testing.assert_allclose(sum(grads(model), []), [4 / 3, 4 / 3, 4 / 3, 0.0, 7.0, 7.0, 0.0, 0.0, 7.0])
+    model = two_layers([[[1.0, 2.0], [3.0, 4.0]], [[5.0, 6.0]]])
+    selective_gradient(model, rho=0.0)()
+    assert grads(model) == [[0.0] * 4, [7.0, 7.0], [0.0, 0.0], [7.0]]
+    assert critical_mask(torch.tensor([3.0, 1.0, 2.0]), 0.0).tolist() == [True, False, False], "k is at least 1"
+
+
+def test_mask_params_all_ranks_the_biases_too():
+    model = two_layers([[[1.0, 2.0], [3.0, 4.0]], [[5.0, 6.0]]], bias_grad=0.5)
+    assert not in_parameter_set((2,), "weights") and in_parameter_set((2,), "all")
+    selective_gradient(model, rho=0.5, mask_params="all")()  # m = 9, k = 4: 6, 5, 4, 3
+    assert grads(model) == [[0.0, 0.0, 1.5, 2.0], [0.0, 0.0], [2.5, 3.0], [0.0]]
+
+
+def masked_step(strict_freeze: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Two SGD steps (momentum 0.9, weight decay 0.1) on Linear(4, 1): a plain one, then SeGD at
+    rho = 1/4. Returns (weights before and after the SeGD step, the entry SeGD kept)."""
+    torch.manual_seed(0)
+    model = nn.Linear(4, 1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, weight_decay=0.1)
+    x = torch.tensor([[1.0, -2.0, 3.0, 0.5]])
+    for rho in (1.0, 0.25):
+        hook = selective_gradient(model, rho=rho, strict_freeze=strict_freeze)
+        optimizer.zero_grad()
+        model(x).sum().backward()
+        kept = (x * model.weight.detach()).abs().argmax()  # d(sum)/dW = x: the most critical entry
+        after_step = hook()
+        # As train_local does: only the strict freeze has work after the step, and only under SeGD.
+        assert (after_step is not None) == (strict_freeze and rho < 1.0)
+        before = model.weight.detach().clone()
+        optimizer.step()
+        if after_step is not None:
+            after_step()
+    return before.flatten(), model.weight.detach().flatten(), kept
+
+
+def test_strict_freeze_keeps_masked_weights_where_momentum_would_move_them():
+    before, after, kept = masked_step(strict_freeze=False)
+    assert (after != before).all(), "released code: momentum and weight decay move masked weights"
+    before, after, kept = masked_step(strict_freeze=True)
+    moved = (after != before).nonzero().flatten().tolist()
+    assert moved == [int(kept)], "strict freeze: only the kept entry moves"
+
+
+# --- NaAgg and the strategy ------------------------------------------------------------------------
+
+def test_naagg_weights_are_size_times_rho_and_none_when_all_zero():
+    assert naagg_weights([10, 30, 20], [0.5, 0.0, 1.0]) == [5.0, 0.0, 20.0]
+    assert naagg_weights([10, 30], [0.0, 0.0]) is None
+
+
+def fedes(**kwargs) -> FedES:
+    strategy = FedES(s1=1, parameter_names=["w"], seed=1, num_rounds=4, fraction=0.5, train=TRAINING,
+                     rng=np.random.default_rng(0), **kwargs)
+    strategy.bind(Federation(node_of={pid: 100 + pid for pid in range(4)}, num_examples=dict.fromkeys(range(4), 10)))
+    return strategy
+
+
+def replies(values: dict[int, float], sizes: dict[int, int]) -> dict[int, TrainReply]:
+    return {pid: TrainReply(ArrayRecord({"w": Array(np.full((2, 2), value, np.float32))}),
+                            TrainRes(sizes[pid], 0.1, 1)) for pid, value in values.items()}
+
+
+def test_naagg_weighs_by_size_and_rho_and_falls_back_to_fedavg(caplog):
+    strategy = fedes()
+    strategy.stage, strategy.rho_sent = SEGD, {0: 0.5, 1: 0.0, 2: 1.0}
+    out = strategy.aggregate(replies({0: 1.0, 1: 100.0, 2: 4.0}, {0: 20, 1: 10, 2: 10}))
+    np.testing.assert_allclose(out["w"].numpy(), (10 * 1.0 + 10 * 4.0) / 20)  # weights 20*0.5, 0, 10*1
+    strategy.rho_sent = {0: 0.0, 1: 0.0}
+    with caplog.at_level(logging.WARNING):
+        out = strategy.aggregate(replies({0: 1.0, 1: 4.0}, {0: 30, 1: 10}))
+    np.testing.assert_allclose(out["w"].numpy(), (30 * 1.0 + 10 * 4.0) / 40)
+    assert strategy.naagg_fallbacks == 1 and "falls back to FedAvg" in caplog.text
+    strategy = fedes(aggregation="fedavg")
+    strategy.stage, strategy.rho_sent = SEGD, {0: 0.5, 1: 0.0}
+    out = strategy.aggregate(replies({0: 1.0, 1: 4.0}, {0: 30, 1: 10}))
+    np.testing.assert_allclose(out["w"].numpy(), (30 * 1.0 + 10 * 4.0) / 40)
+
+
+def test_the_estimation_round_asks_everyone_and_segd_sends_each_client_its_rho(flower_identity):
+    strategy = fedes()
+    arrays = ArrayRecord({"w": Array(np.ones((2, 2), np.float32))})
+    assert [strategy.phase(r) for r in (1, 2, 3, 4)] == ["pretrain", ESTIMATE, SEGD, SEGD]
+    assert len(list(strategy.configure_train(1, arrays, ConfigRecord(), None))) == 2
+    assert len(list(strategy.configure_train(2, arrays, ConfigRecord(), None))) == 4
+    strategy.rho_sent = {0: 0.25, 1: 0.5, 2: 0.75}  # client 3 was never estimated: rho 1 (D9)
+    for message in strategy.configure_train(3, arrays, ConfigRecord(), None):
+        pid = strategy.federation.partition_of(message.metadata.dst_node_id)
+        assert read_instruction(message.content, TrainIns).method == METHOD
+        assert read_options(message.content, METHOD, SeGdOptions).rho == {0: 0.25, 1: 0.5, 2: 0.75, 3: 1.0}[pid]
+
+
+def test_the_oracle_needs_ground_truth_and_is_refused_with_the_config():
+    with pytest.raises(InvalidValue, match="strategy.rho_source='oracle' is invalid: allowed is estimate without"):
+        fedes(rho_source="oracle")
+    # Checked with the rest of the config, before any scene is built: a deployed run has no truth.
+    overrides = ["experiment=smoke", "strategy=fedes", "strategy.rho_source=oracle"]
+    with pytest.raises(InvalidValue, match="strategy.rho_source='oracle' is invalid"):
+        load_run(compose_config([*overrides, "ground_truth=false"]))
+    load_run(compose_config([*overrides, "ground_truth=true"]))
+
+
+# --- protocol --------------------------------------------------------------------------------------
+
+def test_segd_options_round_trip_through_the_protocol():
+    options = SeGdOptions(rho=0.25, mask_params="all", strict_freeze=True)
+    content = instruction(TrainIns(5, TRAINING, method=METHOD), options=options, method=METHOD)
+    assert read_options(content, METHOD, SeGdOptions) == options
+    assert dict(content[METHOD]) == {"rho": 0.25, "mask-params": "all", "strict-freeze": True}
+    bad = RecordDict({METHOD: ConfigRecord({"rho": 1.5, "mask-params": "weights", "strict-freeze": False})})
+    with pytest.raises(ProtocolError, match="key 'rho' is invalid: allowed is a number >= 0.0 and <= 1.0"):
+        read_options(bad, METHOD, SeGdOptions)
+
+
+# --- settings --------------------------------------------------------------------------------------
+
+SMOKE = ["experiment=smoke", "strategy=fedes"]
+
+
+@pytest.mark.parametrize(("overrides", "message"), [
+    (["strategy.s1=10"], r"^strategy.s1=10 is invalid: allowed is an integer >= 0 and < num_rounds \(10\)"),
+    (["strategy.s1=-1"], r"^strategy.s1=-1 is invalid: allowed is an integer >= 0$"),
+    (["strategy.train.learner=sce"], r"^strategy.train.learner='sce' is invalid: allowed is ce"),
+    (["strategy.aggregation=median"], r"^strategy.aggregation='median' is invalid: allowed are naagg, fedavg$"),
+    (["strategy.rho_source=truth"], r"^strategy.rho_source='truth' is invalid"),
+    (["strategy.mu=median"], r"^strategy.mu='median' is invalid: allowed are gmm, arithmetic_mean$"),
+    (["strategy.rho_floor=1.5"], r"^strategy.rho_floor=1.5 is invalid"),
+    (["strategy.mask_params=bias"], r"^strategy.mask_params='bias' is invalid: allowed are weights, all$"),
+    (["strategy.strict_freeze=maybe"], r"^strategy.strict_freeze='maybe' is invalid: allowed is true or false$"),
+    (["comm_budget=18"], r"^comm_budget=18 is too small: FedES's pre-training and estimation rounds alone spend "
+                         r"19 client participations$"),
+])
+def test_bad_settings_are_one_line_naming_the_key(overrides, message):
+    with pytest.raises(ConfigError, match=message) as caught:
+        load_run(compose_config([*SMOKE, *overrides]))
+    assert "\n" not in str(caught.value)
+
+
+def test_a_budget_pays_pretraining_and_estimation_first():
+    def total(budget: int) -> int:
+        plan = load_run(compose_config([*SMOKE, f"comm_budget={budget}"]))
+        return build_strategy(plan.strategy, plan.environment(parameter_names=("w",)),
+                              np.random.default_rng(0)).planned_rounds()
+
+    # smoke: 3 of 10 clients per round; s1 = 3 rounds (9) + the estimation round (10) = 19.
+    assert total(19) == 4 and total(37) == 10 and total(39) == 10
+
+
+# --- client and a whole run ------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def smoke_run(prepared_run):
+    return prepared_run("experiment=smoke strategy=fedes")
+
+
+@pytest.mark.parametrize(("strict_freeze", "weight_decay"), [(False, 0.0), (False, 0.1), (True, 0.1)])
+def test_the_client_trains_at_rho_zero_and_returns_weights_and_stats_only(smoke_run, incoming, node_context,
+                                                                            strict_freeze, weight_decay):
+    overrides, _, arrays = smoke_run
+    context = node_context(overrides, 3)
+    options = SeGdOptions(rho=0.0, strict_freeze=strict_freeze)
+    content = instruction(TrainIns(1, TRAINING.but(weight_decay=weight_decay), method=METHOD), arrays=arrays,
+                          options=options, method=METHOD)
+    reply = client_app.train(incoming(content, "train"), context)
+    assert set(reply.content.keys()) == {"arrays", "metrics"} and not context.state.array_records
+    steps = read_reply(reply.content, TrainRes, "client 3").steps
+    before, after = arrays.to_torch_state_dict(), reply.content["arrays"].to_torch_state_dict()
+    assert all(not torch.equal(value, after[name]) for name, value in before.items() if value.ndim < 2), \
+        "the biases are outside P: they train plainly"
+    in_p = [name for name, value in before.items() if value.ndim >= 2]
+    moved = sum(int((before[name] != after[name]).sum()) for name in in_p)
+    size = sum(before[name].numel() for name in in_p)
+    # At rho = 0 every gradient of P is zero (k = 1 entry is kept, at scale 0). Only weight decay
+    # moves P then, every entry of it; strict_freeze holds all but the one kept entry of each step.
+    if weight_decay == 0:
+        assert moved == 0
+    elif strict_freeze:
+        assert 0 < moved <= steps
+    else:
+        assert moved > 0.99 * size
+
+
+def test_a_smoke_run_estimates_rho_that_ranks_clean_above_noisy(run_inprocess):
+    payload, grid = run_inprocess(" ".join(SMOKE))
+    rounds = payload["rounds"]
+    assert [row["stage"] for row in rounds] == ["pretrain"] * 3 + ["estimate"] + ["segd"] * 6
+    assert [row["comm_cost"] for row in rounds] == [3, 6, 9, 19, 22, 25, 28, 31, 34, 37]
+    assert rounds[3]["clients"] == list(range(10))
+    block = payload["fedes"]
+    assert block["estimated_at"] == 4 and sorted(block["rho"], key=int) == [str(pid) for pid in range(10)]
+    sent = [(message.metadata.dst_node_id, read_options(message.content, METHOD, SeGdOptions).rho)
+            for message in grid.delivered if METHOD in message.content]
+    assert len(sent) == 6 * 3
+    assert all(rho == block["rho"][str(grid.node_ids.index(node))] for node, rho in sent)
+    # The smoke scene (seed 1) has 5 noisy clients (true noise 0.48-0.85) and 5 clean ones. The
+    # signed EMD ranks them well enough at this size: Spearman 0.89, MSE 0.027 when written.
+    noisy = set(block["true_noisy_clients"])
+    rho = {int(pid): value for pid, value in block["rho"].items()}
+    assert np.mean([rho[k] for k in rho if k not in noisy]) > np.mean([rho[k] for k in noisy])
+    assert block["quality_spearman"] > 0.5 and block["quality_mse"] < 0.1
+    assert block["detection_threshold"] == 0.5 and set(block["detected_noisy_clients"]) <= noisy
+    assert payload["complete"] and payload["summary"]["best_acc"] > 0.5

@@ -1,0 +1,215 @@
+"""FedNoRo: its maths on hand-computed inputs (per-class losses, normalisation, voting, lambda's
+ramp, the distance weights, the logit-adjusted distillation), its settings, and whole in-process runs."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+from client.methods.fednoro import per_class_losses
+from common.errors import ConfigError
+from protocol.codec import ProtocolError, decode, encode
+from protocol.fednoro import ClassLosses, FedNoRoOptions
+from strategies.fednoro import daagg_weights, kd_weight_at, state_distance
+from strategies.fednoro_detection import normalised_class_losses, voted_noisy_rows
+from task.learners import Batch
+from task.learners.logit_adjusted import LogitAdjustedDistillation, class_log_prior, distillation
+
+
+def test_per_class_losses_average_each_class_and_mark_missing_ones():
+    res = per_class_losses(np.array([1.0, 3.0, 0.5, 2.0]), np.array([0, 0, 2, 2]), num_classes=3)
+    assert res.counts == (2, 0, 2)
+    assert res.losses == pytest.approx((2.0, 0.0, 1.25))
+
+
+def test_class_losses_travel_as_float_and_count_lists():
+    res = ClassLosses(counts=(2, 0, 2), losses=(2.0, 0.0, 1.25))
+    record = encode(res)
+    assert record == {"counts": [2, 0, 2], "losses": [2.0, 0.0, 1.25]}
+    assert decode(ClassLosses, record, "client 1") == res
+    # A whole number in a float vector is fine; a string or a bool is not.
+    assert decode(ClassLosses, {**record, "losses": [2, 0, 1]}, "client 1").losses == (2.0, 0.0, 1.0)
+    with pytest.raises(ProtocolError, match="key 'losses' holds \\['a'\\]: expected a list of numbers"):
+        decode(ClassLosses, {**record, "losses": ["a"]}, "client 1")
+
+
+def test_missing_classes_count_as_clean_and_columns_are_min_max_normalised():
+    losses = np.array([[1.0, 0.0, 5.0],
+                       [3.0, 2.0, 5.0],
+                       [2.0, 4.0, 5.0]])
+    counts = np.array([[1, 0, 3], [1, 1, 3], [1, 1, 3]])
+    matrix = normalised_class_losses(losses, counts)
+    # column 0: (x - 1) / 2; column 1: client 0 lacks the class -> the column's minimum 2 -> 0;
+    # column 2 is constant -> 0.
+    np.testing.assert_allclose(matrix, [[0.0, 0.0, 0.0], [1.0, 0.0, 0.0], [0.5, 1.0, 0.0]])
+
+
+def test_the_vote_finds_the_high_loss_clients_and_reports_agreement():
+    rng = np.random.default_rng(0)
+    clean = rng.normal(0.1, 0.03, size=(12, 4))
+    noisy = rng.normal(0.8, 0.03, size=(5, 4))
+    matrix = np.vstack([clean, noisy])
+    rows, agreement = voted_noisy_rows(matrix, seeds=list(range(9)))
+    assert rows == tuple(range(12, 17))
+    assert agreement == 1.0
+    # Identical rows carry no split.
+    assert voted_noisy_rows(np.ones((5, 3)), seeds=[0, 1]) == ((), 1.0)
+
+
+def test_the_distillation_weight_ramps_from_the_warm_up_to_its_ceiling():
+    # b = 10, e = 49, a = 0.8 (the released code's schedule for 100 rounds).
+    assert kd_weight_at(5, 0.8, 10, 49) == pytest.approx(0.8 * math.exp(-5))
+    assert kd_weight_at(10, 0.8, 10, 49) == pytest.approx(0.8 * math.exp(-5))
+    assert kd_weight_at(29, 0.8, 10, 49) == pytest.approx(0.8 * math.exp(-5 * (1 - 19 / 39) ** 2))
+    assert kd_weight_at(49, 0.8, 10, 49) == pytest.approx(0.8)
+    assert kd_weight_at(90, 0.8, 10, 49) == pytest.approx(0.8)
+
+
+def test_state_distance_sums_per_tensor_norms_and_skips_integer_buffers():
+    a = {"w": np.array([3.0, 0.0], np.float32), "b": np.array([0.0], np.float32), "n": np.array(7, np.int64)}
+    b = {"w": np.array([0.0, 4.0], np.float32), "b": np.array([12.0], np.float32), "n": np.array(1, np.int64)}
+    assert state_distance(a, b, a.keys(), per_tensor=True) == pytest.approx(5.0 + 12.0)
+    assert state_distance(a, b, a.keys(), per_tensor=False) == pytest.approx(13.0)
+    assert state_distance(a, b, ["w"], per_tensor=True) == pytest.approx(5.0)
+
+
+def test_daagg_down_weights_noisy_clients_by_their_distance_to_the_nearest_clean_one():
+    states = [{"w": np.array([0.0])}, {"w": np.array([1.0])}, {"w": np.array([3.0])}, {"w": np.array([6.0])}]
+    sizes = [10.0, 10.0, 20.0, 10.0]
+    noisy = [False, False, True, True]
+    weights = daagg_weights(states, sizes, noisy, ["w"])
+    # d = (0, 0, 2, 5) -> D = (0, 0, 0.4, 1); raw = n * exp(-D).
+    raw = np.array([10.0, 10.0, 20.0 * math.exp(-0.4), 10.0 * math.exp(-1.0)])
+    np.testing.assert_allclose(weights, raw / raw.sum())
+    # All clean or all noisy: plain FedAvg weights.
+    np.testing.assert_allclose(daagg_weights(states, sizes, [True] * 4, ["w"]), np.array(sizes) / 50)
+    np.testing.assert_allclose(daagg_weights(states, sizes, [False] * 4, ["w"]), np.array(sizes) / 50)
+
+
+def test_the_log_prior_is_minus_infinity_for_an_absent_class_unless_floored():
+    prior = class_log_prior(np.array([0, 0, 0, 1]), 3)
+    assert prior[0].item() == pytest.approx(math.log(0.75)) and prior[2].item() == -math.inf
+    assert class_log_prior(np.array([0, 0, 0, 1]), 3, floor=1e-8)[2].item() == pytest.approx(math.log(1e-8))
+
+
+class _Fixed(torch.nn.Module):
+    """A 'network' that returns fixed logits (plus 0 * x so gradients flow)."""
+
+    def __init__(self, logits: torch.Tensor) -> None:
+        super().__init__()
+        self.logits = torch.nn.Parameter(logits.clone())
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.logits + 0 * x.sum()
+
+
+def _batch(labels: list[int]) -> Batch:
+    return Batch(torch.zeros(len(labels), 1, 2, 2, dtype=torch.uint8), torch.tensor(labels),
+                 lambda images, generator=None: images.float(), torch.Generator())
+
+
+def test_the_logit_adjusted_loss_shifts_logits_by_tau_log_prior():
+    logits = torch.tensor([[1.0, 2.0, 0.5], [0.0, 0.0, 3.0]])
+    log_prior = torch.log(torch.tensor([0.5, 0.25, 0.25]))
+    loss = LogitAdjustedDistillation(log_prior, tau=1.0)(_Fixed(logits), _batch([0, 2]))
+    expected = F.cross_entropy(logits + log_prior, torch.tensor([0, 2]))
+    assert loss.objective.item() == pytest.approx(expected.item())
+    assert loss.reported.item() == pytest.approx(expected.item())
+
+
+def test_noisy_clients_mix_the_adjusted_loss_with_distillation_from_the_teacher():
+    logits = torch.tensor([[1.0, 2.0, 0.5], [0.0, 0.0, 3.0]])
+    teacher_logits = torch.tensor([[2.0, 0.0, 0.0], [0.0, 1.0, 0.0]])
+    log_prior = torch.log(torch.tensor([0.5, 0.25, 0.25]))
+    loss = LogitAdjustedDistillation(log_prior, 1.0, _Fixed(teacher_logits), kd_weight=0.3, temperature=0.8)(
+        _Fixed(logits), _batch([0, 2]))
+    adjusted = logits + log_prior
+    ce = F.cross_entropy(adjusted, torch.tensor([0, 2]))
+    target = torch.softmax(teacher_logits / 0.8, dim=1)
+    kl = (target * (target.log() - torch.log_softmax(adjusted, dim=1))).sum(dim=1).mean()
+    assert loss.objective.item() == pytest.approx((0.7 * ce + 0.3 * kl).item(), rel=1e-5)
+    assert loss.reported.item() == pytest.approx(ce.item())
+
+
+def test_an_absent_class_cannot_make_the_distillation_infinite():
+    adjusted = torch.tensor([[1.0, -math.inf, 0.0]])
+    teacher = torch.tensor([[0.0, 1.0, 0.0]])
+    value = distillation(adjusted, teacher, 1.0)
+    assert torch.isfinite(value)
+    target = torch.softmax(teacher, dim=1)
+    log_student = torch.log_softmax(adjusted, dim=1)
+    log_student[0, 1] = 0.0
+    assert value.item() == pytest.approx((target * (target.log() - log_student)).sum().item())
+
+
+def test_options_are_checked():
+    with pytest.raises(Exception, match="kd_weight=1.5 is invalid"):
+        FedNoRoOptions(noisy=True, kd_weight=1.5, temperature=0.8, la_tau=1.0)
+
+
+@pytest.mark.parametrize(("overrides", "message"), [
+    ("strategy.warmup=10", r"strategy.warmup=10 is invalid: allowed is fewer than the run's 10 rounds"),
+    ("strategy.warmup=4", r"strategy.warmup=4 is invalid: the distillation weight's ramp ends at round 4"),
+    ("strategy.train.learner=sce", r"strategy.train.learner=sce is invalid: fednoro trains with learner ce"),
+    ("strategy.distance=cosine", r"strategy.distance='cosine' is invalid: allowed are per_tensor, global_l2"),
+    ("strategy.gmm_runs=0", r"strategy.gmm_runs=0 is invalid"),
+])
+def test_bad_settings_are_one_clear_error(overrides, message):
+    from server.config import load_run
+    from settings.compose import compose_config
+
+    with pytest.raises(ConfigError, match=message):
+        load_run(compose_config(["experiment=smoke", "strategy=fednoro", *overrides.split()]))
+
+
+def test_a_smoke_run_warms_up_detects_noisy_clients_better_than_chance_and_distils(run_inprocess):
+    payload, _ = run_inprocess("experiment=smoke strategy=fednoro strategy.warmup=3")
+    stages = [row["stage"] for row in payload["rounds"]]
+    assert stages == ["warmup"] * 3 + ["distill"] * 7
+    block = payload["fednoro"]
+    assert block["detected_after_round"] == 3 and block["class_loss_queries"] == 10
+    truth = set(block["true_noisy_clients"])
+    detected = set(block["detected_noisy_clients"])
+    assert truth and 0 < len(detected) < 10
+    # Better than chance: the detected set holds a larger share of noisy clients than the federation.
+    assert len(detected & truth) / len(detected) > len(truth) / 10
+    assert block["detection"]["f1"] == pytest.approx(
+        2 * len(detected & truth) / (len(detected) + len(truth)))
+    assert payload["summary"]["comm_cost"] == 30
+
+
+def test_a_client_keeps_no_state_a_recreated_node_trains_identically(prepared_run, incoming):
+    """FedNoRo's role and lambda come with every message: a fresh node process (an empty context)
+    gives the same update as one that has trained before, and the class losses travel once."""
+    from flwr.app import Context, RecordDict
+
+    from client import app as client_app
+    from protocol.messages import TrainIns, instruction, read_arrays, read_reply
+    from task.local_training import LocalTraining
+
+    overrides, scene, arrays = prepared_run("experiment=smoke strategy=fednoro")
+
+    def context() -> Context:
+        return Context(run_id=1, node_id=77, node_config={"partition-id": 3}, state=RecordDict(),
+                       run_config={"overrides": overrides})
+
+    def train(ctx: Context, server_round: int):
+        options = FedNoRoOptions(noisy=True, kd_weight=0.4, temperature=0.8, la_tau=1.0)
+        content = instruction(TrainIns(server_round, LocalTraining(lr=0.05, epochs=1, batch_size=16),
+                                       method="fednoro"), arrays=arrays, options=options, method="fednoro")
+        return read_arrays(client_app.train(incoming(content, "train"), ctx).content, "client 3").to_torch_state_dict()
+
+    used = context()
+    train(used, 1)
+    again, fresh = train(used, 2), train(context(), 2)
+    assert all(torch.equal(again[key], fresh[key]) for key in again)
+    assert len(used.state.array_records) == 0, "nothing is kept between rounds"
+    reply = client_app.app(incoming(instruction(arrays=arrays), "query.class_loss"), context())
+    losses = read_reply(reply.content, ClassLosses, "client 3")
+    labels = scene.noisy_labels[scene.rows(3)]
+    assert losses.counts == tuple(int(c) for c in np.bincount(labels, minlength=10))
+    assert all(loss > 0 for loss, count in zip(losses.losses, losses.counts) if count)

@@ -1,0 +1,56 @@
+"""FedNoRo, FedDiv and FedES end to end on the smoke preset (conf/preset/smoke_<name>.yaml), through
+the real Flower simulation engine on Ray as one Hydra multirun, and through `flwr run .`. (Their
+mechanics are tested in the in-process tier: test_fednoro.py, test_feddiv.py, test_fedes.py.)"""
+
+import json
+
+import pytest
+from commands import sim
+from test_flwr_run import flwr_run
+
+pytestmark = pytest.mark.e2e
+
+METHODS = ["fednoro", "feddiv", "fedes"]
+# smoke: 10 clients; FedNoRo 10 rounds of 3 (warm-up 1); FedDiv 10 one-client warm-up rounds, then
+# 10 of 3; FedES 3 pre-training rounds of 3, one of all 10, then 6 of 3.
+STAGES = {
+    "fednoro": ["warmup"] + ["distill"] * 9,
+    "feddiv": ["warmup"] * 10 + ["main"] * 10,
+    "fedes": ["pretrain"] * 3 + ["estimate"] + ["segd"] * 6,
+}
+COST = {"fednoro": 30, "feddiv": 40, "fedes": 37}
+
+
+def check(payload: dict, name: str, truth: bool) -> None:
+    """A finished run of ``name`` with its stages, its cost and its method's block: scored against the
+    truth in a simulation (sim.py sets ground_truth=true), the method's own beliefs only without it."""
+    assert payload["complete"] and payload["config"]["strategy"]["name"] == name
+    assert [r["stage"] for r in payload["rounds"]] == STAGES[name]
+    assert payload["summary"]["comm_cost"] == COST[name]
+    assert payload["summary"]["best_acc"] > 0.3, "ten classes: chance is 0.1"
+    block = payload[name]
+    assert isinstance(block["detected_noisy_clients"], list)
+    if truth:
+        assert block["true_noisy_clients"] and block["detection"] is not None
+    else:
+        assert "true_noisy_clients" not in block and "detection" not in block
+
+
+@pytest.fixture(scope="module")
+def simulated(tmp_path_factory):
+    out = tmp_path_factory.mktemp("field")
+    done = sim("-m", "experiment=smoke", f"strategy={','.join(METHODS)}", f"out_dir={out}/${{strategy.name}}",
+               f"hydra.sweep.dir={out}/sweep", timeout=900)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return {name: json.loads((out / name / "results.json").read_text()) for name in METHODS}
+
+
+@pytest.mark.parametrize("name", METHODS)
+def test_each_method_runs_in_the_ray_simulation(simulated, name):
+    check(simulated[name], name, truth=True)
+
+
+@pytest.mark.parametrize("name", METHODS)
+def test_each_method_runs_under_flwr_run_without_ground_truth(tmp_path, name):
+    # As a deployment runs it: the server has no ground truth, so nothing is scored.
+    check(flwr_run(tmp_path, f"experiment=smoke strategy={name}"), name, truth=False)
