@@ -18,14 +18,14 @@ from common.validation import check_bool
 from data.export import CLIENTS_DIR, export_clients
 from data.local_file import check_in_memory
 from data.scene import prepare_scene
-from settings.compose import compose_config
+from settings.command_line import one_job
 from settings.scene import out_dir, scene_spec
 
 
 def main(argv: list[str]) -> int:
     """Build or reuse the scene for the overrides in ``argv`` and export its clients' files."""
     try:
-        cfg = compose_config(argv)
+        cfg = one_job(argv)
         keep_truth = cfg.export.true_labels
         check_bool("export.true_labels", keep_truth)
         spec, folder = scene_spec(cfg), out_dir(cfg)  # a bad scene override fails before the data is read

@@ -17,14 +17,14 @@ from common.errors import ConfigError
 from common.validation import check_bool
 from data.scene import SCENE_FILE, prepare_scene
 from data.summary import format_summary
-from settings.compose import compose_config
+from settings.command_line import one_job
 from settings.scene import out_dir, scene_spec
 
 
 def main(argv: list[str]) -> int:
     """Build or reuse the scene for the overrides in ``argv``; print its summary."""
     try:
-        cfg = compose_config(argv)
+        cfg = one_job(argv)
         plot = cfg.scene.plot
         check_bool("scene.plot", plot)
         spec, folder = scene_spec(cfg), out_dir(cfg)

@@ -17,6 +17,7 @@ import os
 import shlex
 import sys
 from pathlib import Path
+from typing import NoReturn
 
 # Flower reports usage to its servers by default; a research run should not phone home.
 os.environ.setdefault("FLWR_TELEMETRY_ENABLED", "0")
@@ -27,9 +28,10 @@ from hydra.types import RunMode  # noqa: E402
 from omegaconf import DictConfig, OmegaConf  # noqa: E402
 
 from common.errors import ConfigError  # noqa: E402
-from data.scene import prepare_scene  # noqa: E402
+from data.scene import check_dataset_matches, prepare_scene  # noqa: E402
 from reports.runs import MULTIRUN_INDEX  # noqa: E402  (a multirun lists its jobs' out_dirs for report.py)
-from server.config import load_run  # noqa: E402
+from server.config import RunPlan, load_run  # noqa: E402
+from settings.command_line import checked_jobs, split_command_line  # noqa: E402
 from settings.compose import CONF_DIR  # noqa: E402  (also registers the resolvers of the default out_dir)
 
 GROUND_TRUTH = "ground_truth"
@@ -61,6 +63,36 @@ def with_ground_truth(cfg: DictConfig, overrides: list[str]) -> tuple[DictConfig
     return merged, [*overrides, f"{GROUND_TRUTH}=true"]
 
 
+def check_simulation(plan: RunPlan) -> None:
+    """What only a simulation needs: its clients run on this machine (their device must be here) and
+    Ray must accept the extra arguments."""
+    from server.simulation_engine import check_ray_init_args
+    from task.device import check_device
+
+    check_device("client.device", plan.settings.client.device)
+    check_ray_init_args(plan.settings.simulation.ray_init_args)
+
+
+def preflight(argv: list[str]) -> list[RunPlan]:
+    """Every check of ``sim.py argv`` before any work (no scene, no file or folder, no Ray): the
+    overrides read, swept (``-m``) and composed, each job's every value, and its data against the
+    scene it asks for. Returns each job's plan.
+    A command line with Hydra's own flags (``--cfg``, ``--help``) is left to Hydra."""
+    command = split_command_line(argv)
+    if command.other_flags:
+        return []
+    plans = []
+    for words, cfg in checked_jobs(command):
+        cfg, _ = with_ground_truth(cfg, words)
+        plan = load_run(cfg)
+        check_simulation(plan)
+        # The data itself: where it is, its classes, enough samples for every client (nothing written).
+        spec = plan.settings.scene
+        check_dataset_matches(spec, spec.dataset.load())
+        plans.append(plan)
+    return plans
+
+
 def run(cfg: DictConfig, overrides: list[str]) -> dict:
     """Check, build the scene, run the simulation; returns the results payload."""
     from client.app import app as client_app
@@ -84,6 +116,20 @@ def run(cfg: DictConfig, overrides: list[str]) -> dict:
     return read_results(settings.out_dir)
 
 
+def runtime_failed(err: RuntimeError) -> NoReturn:
+    """End the process on a failure of the simulation runtime: one ``error:`` line with its root
+    cause, exit status 1. A hard exit: the ServerApp thread the runtime leaves behind would otherwise
+    keep the process waiting for nodes until its own timeout."""
+    cause: BaseException = err
+    while cause.__cause__ is not None:
+        cause = cause.__cause__
+    reason = (str(cause).splitlines() or [type(cause).__name__])[0]
+    print(f"error: the simulation runtime failed: {type(cause).__name__}: {reason}", file=sys.stderr)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(1)
+
+
 @hydra.main(config_path=str(CONF_DIR), config_name="config", version_base="1.3")
 def main(cfg: DictConfig) -> None:
     """The ``sim.py`` command: run the composed config and print the summary; a bad config prints one
@@ -94,6 +140,8 @@ def main(cfg: DictConfig) -> None:
     except ConfigError as err:
         print(f"error: {err}", file=sys.stderr)
         sys.exit(2)
+    except RuntimeError as err:
+        runtime_failed(err)
     if hydra_cfg.mode == RunMode.MULTIRUN:
         with open(Path(hydra_cfg.sweep.dir) / MULTIRUN_INDEX, "a") as index:
             index.write(f"{Path(cfg.out_dir).resolve()}\n")
@@ -101,4 +149,9 @@ def main(cfg: DictConfig) -> None:
 
 
 if __name__ == "__main__":
+    try:
+        preflight(sys.argv[1:])
+    except ConfigError as err:
+        print(f"error: {err}", file=sys.stderr)
+        sys.exit(2)
     main()

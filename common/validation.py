@@ -32,9 +32,17 @@ def check_number(key: str, value: Any, *, low: float, high: float | None = None,
     raise InvalidValue(key, value, f"allowed is a number {bound}")
 
 
+def _finite(value: int | float) -> bool:
+    # An integer with hundreds of digits is no float: math.isfinite would raise OverflowError.
+    try:
+        return math.isfinite(value)
+    except OverflowError:
+        return False
+
+
 def check_real(key: str, value: Any, *, low: float, low_open: bool = False, below: float | None = None) -> None:
-    """``key`` must be a finite number >= low (> low if low_open) and < below."""
-    if _is_number(value) and math.isfinite(value):
+    """``key`` must be a finite number >= low (> low if low_open) and < below (a finite float)."""
+    if _is_number(value) and _finite(value):
         if (value > low if low_open else value >= low) and (below is None or value < below):
             return
     bound = f"{'>' if low_open else '>='} {low}" + ("" if below is None else f" and < {below}")

@@ -12,8 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from common.errors import ConfigError
-from common.validation import check_number
+from common.validation import Choice, Flag, Number, Real
 from data.registry import Registry
 
 
@@ -144,31 +143,16 @@ def none(
     return NoisyLabels(true_labels.copy(), np.zeros(num_clients))
 
 
-def _check_fedcorr(params: Mapping[str, Any]) -> None:
-    check_number("noise.rho", params["rho"], low=0.0, high=1.0)
-    check_number("noise.tau", params["tau"], low=0.0, high=1.0)
-    if not isinstance(params["allow_true_label"], bool):
-        raise ConfigError(
-            f"noise.allow_true_label={params['allow_true_label']!r} is invalid: allowed is true or false"
-        )
-
-
-def _check_eps(params: Mapping[str, Any]) -> None:
-    check_number("noise.eps", params["eps"], low=0.0, high=1.0)
-
-
-def _check_gaussian(params: Mapping[str, Any]) -> None:
-    check_number("noise.mean", params["mean"], low=0.0, high=1.0)
-    check_number("noise.std", params["std"], low=0.0)
-    if params["kind"] not in ("symmetric", "pairflip"):
-        raise ConfigError(f"noise.kind={params['kind']!r} is invalid: allowed are symmetric, pairflip")
-
-
+# Rates and probabilities are closed intervals, which also refuse NaN and infinities; the spread of
+# the gaussian model only needs to be finite (a huge one just pushes every rate to 0 or 1).
+_RATE = Number(low=0.0, high=1.0)
 NOISE_MODELS = Registry("noise")
-NOISE_MODELS.add("fedcorr", fedcorr, ("rho", "tau", "allow_true_label"), _check_fedcorr)
-NOISE_MODELS.add("symmetric", symmetric, ("eps",), _check_eps)
-NOISE_MODELS.add("pairflip", pairflip, ("eps",), _check_eps)
-NOISE_MODELS.add("gaussian", gaussian, ("mean", "std", "kind"), _check_gaussian)
+NOISE_MODELS.add("fedcorr", fedcorr, {"rho": _RATE, "tau": _RATE, "allow_true_label": Flag()})
+NOISE_MODELS.add("symmetric", symmetric, {"eps": _RATE})
+NOISE_MODELS.add("pairflip", pairflip, {"eps": _RATE})
+NOISE_MODELS.add(
+    "gaussian", gaussian, {"mean": _RATE, "std": Real(low=0), "kind": Choice(("symmetric", "pairflip"))}
+)
 NOISE_MODELS.add("none", none)
 
 

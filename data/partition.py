@@ -11,14 +11,20 @@ from typing import Any
 
 import numpy as np
 
-from common.errors import ConfigError
-from common.validation import check_int, check_number
+from common.errors import ConfigError, InvalidValue
+from common.validation import Integer, Number
 from data.registry import Registry
 
 Partition = list[np.ndarray]
 
 # How many times `dirichlet` redraws before it declares alpha too small for the client count.
 _DIRICHLET_MAX_DRAWS = 1000
+# `fedcorr_noniid` redraws a client's class row until it owns a class; p must make that take at most
+# this many draws on average, or a tiny p (1e-300) would loop for ever.
+_ROW_MAX_EXPECTED_DRAWS = 1000
+# Beyond this concentration Dirichlet shares equal 1/N to 0.1% (use `iid`), and near 1e307 numpy's
+# gamma draws overflow and return all-zero shares, which would silently give wrong partitions.
+_MAX_ALPHA = 1e6
 
 
 def iid(labels: np.ndarray, num_clients: int, rng: np.random.Generator) -> Partition:
@@ -40,6 +46,7 @@ def fedcorr_noniid(
     q_j ~ Dir(alpha): every (client, owned class) pair is non-empty, hence no client is empty.
     """
     num_classes = int(labels.max()) + 1
+    _check_row_draws(p, num_classes)
     owners = rng.random((num_clients, num_classes)) < p
     for client in range(num_clients):
         while not owners[client].any():
@@ -77,6 +84,12 @@ def dirichlet(
     The whole draw is repeated until every client holds at least ``min_size`` samples; a setting
     that cannot reach it within a bounded number of draws is reported as a configuration error.
     """
+    if num_clients * min_size > labels.shape[0]:
+        raise ConfigError(
+            f"partition.min_size={min_size} is invalid: allowed is at most {labels.shape[0] // num_clients}: "
+            f"{num_clients} clients x {min_size} = {num_clients * min_size} samples exceeds the "
+            f"{labels.shape[0]} training samples"
+        )
     num_classes = int(labels.max()) + 1
     by_class = [np.flatnonzero(labels == cls) for cls in range(num_classes)]
     for _ in range(_DIRICHLET_MAX_DRAWS):
@@ -103,8 +116,9 @@ def shards(
     num_shards = num_clients * shards_per_client
     if num_shards > labels.shape[0]:
         raise ConfigError(
-            f"partition=shards: {num_clients} clients x shards_per_client={shards_per_client} = "
-            f"{num_shards} shards exceeds the {labels.shape[0]} training samples"
+            f"partition.shards_per_client={shards_per_client} is invalid: allowed is at most "
+            f"{labels.shape[0] // num_clients}: {num_clients} clients x {shards_per_client} = {num_shards} shards "
+            f"exceeds the {labels.shape[0]} training samples"
         )
     # A random permutation before the stable sort shuffles samples within each class.
     shuffled = rng.permutation(labels.shape[0])
@@ -114,25 +128,27 @@ def shards(
     return [np.sort(np.concatenate([pieces[s] for s in row])) for row in deal]
 
 
-def _check_fedcorr_noniid(params: Mapping[str, Any]) -> None:
-    check_number("partition.p", params["p"], low=0.0, high=1.0, low_open=True)
-    check_number("partition.alpha", params["alpha"], low=0.0, low_open=True)
+def _check_row_draws(p: float, num_classes: int) -> None:
+    """``p`` must be at least 1 / (_ROW_MAX_EXPECTED_DRAWS * M).
+
+    A row of M Bernoulli(p) entries owns a class with probability 1 - (1 - p)^M, about p M for a
+    small p, so at this bound a client's row takes about _ROW_MAX_EXPECTED_DRAWS draws.
+    """
+    smallest = 1 / (_ROW_MAX_EXPECTED_DRAWS * num_classes)
+    if p < smallest:
+        raise InvalidValue(
+            "partition.p", p,
+            f"allowed with {num_classes} classes is a number >= {smallest} and <= 1.0 "
+            "(a smaller p leaves a client owning no class in nearly every draw)",
+        )
 
 
-def _check_dirichlet(params: Mapping[str, Any]) -> None:
-    check_number("partition.alpha", params["alpha"], low=0.0, low_open=True)
-    check_int("partition.min_size", params["min_size"], low=1)
-
-
-def _check_shards(params: Mapping[str, Any]) -> None:
-    check_int("partition.shards_per_client", params["shards_per_client"], low=1)
-
-
+_ALPHA = Number(low=0.0, high=_MAX_ALPHA, low_open=True)
 PARTITIONERS = Registry("partition")
 PARTITIONERS.add("iid", iid)
-PARTITIONERS.add("fedcorr_noniid", fedcorr_noniid, ("p", "alpha"), _check_fedcorr_noniid)
-PARTITIONERS.add("dirichlet", dirichlet, ("alpha", "min_size"), _check_dirichlet)
-PARTITIONERS.add("shards", shards, ("shards_per_client",), _check_shards)
+PARTITIONERS.add("fedcorr_noniid", fedcorr_noniid, {"p": Number(low=0.0, high=1.0, low_open=True), "alpha": _ALPHA})
+PARTITIONERS.add("dirichlet", dirichlet, {"alpha": _ALPHA, "min_size": Integer(low=1)})
+PARTITIONERS.add("shards", shards, {"shards_per_client": Integer(low=1)})
 
 
 def partition(
@@ -146,7 +162,7 @@ def partition(
     PARTITIONERS.check(name, params)
     if num_clients > labels.shape[0]:
         raise ConfigError(
-            f"num_clients={num_clients} exceeds the {labels.shape[0]} training samples: "
-            "every client needs at least one sample"
+            f"num_clients={num_clients} is invalid: allowed is at most the {labels.shape[0]} training "
+            "samples: every client needs at least one sample"
         )
     return PARTITIONERS.call(name, labels, num_clients, rng, params=params)

@@ -7,13 +7,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from common.errors import ConfigError
+from common.validation import Constraint
 
 
 @dataclass(frozen=True)
 class _Entry:
     func: Callable[..., Any]
-    keys: tuple[str, ...]
-    check: Callable[[Mapping[str, Any]], None] | None
+    rules: Mapping[str, Constraint]
 
 
 class Registry:
@@ -26,15 +26,9 @@ class Registry:
         self.kind = kind
         self._entries: dict[str, _Entry] = {}
 
-    def add(
-        self,
-        name: str,
-        func: Callable[..., Any],
-        keys: tuple[str, ...] = (),
-        check: Callable[[Mapping[str, Any]], None] | None = None,
-    ) -> None:
-        """Register ``func`` under ``name``; ``check`` validates its parameters before any work."""
-        self._entries[name] = _Entry(func, keys, check)
+    def add(self, name: str, func: Callable[..., Any], rules: Mapping[str, Constraint] | None = None) -> None:
+        """Register ``func`` under ``name``; ``rules`` declares every parameter it takes and what is allowed."""
+        self._entries[name] = _Entry(func, dict(rules or {}))
 
     @property
     def names(self) -> tuple[str, ...]:
@@ -42,21 +36,21 @@ class Registry:
         return tuple(self._entries)
 
     def check(self, name: str, params: Mapping[str, Any]) -> None:
-        """Raise ConfigError for an unknown name or a parameter outside its allowed range."""
+        """Raise ConfigError for an unknown name, a missing parameter or one its rule refuses."""
         if name not in self._entries:
             raise ConfigError(
-                f"{self.kind}={name!r} is unknown: allowed are {', '.join(self.names)}"
+                f"{self.kind}={name!r} is invalid: allowed are {', '.join(self.names)}"
             )
-        entry = self._entries[name]
-        missing = [key for key in entry.keys if key not in params]
+        rules = self._entries[name].rules
+        missing = [key for key in rules if key not in params]
         if missing:
             raise ConfigError(f"{self.kind}={name} needs {', '.join(f'{self.kind}.{k}' for k in missing)}")
-        if entry.check is not None:
-            entry.check(params)
+        for key, constraint in rules.items():
+            constraint.check(f"{self.kind}.{key}", params[key])
 
     def params(self, name: str, params: Mapping[str, Any]) -> dict[str, Any]:
         """The parameters ``name`` takes, picked out of ``params`` (other keys are ignored)."""
-        return {key: params[key] for key in self._entries[name].keys}
+        return {key: params[key] for key in self._entries[name].rules}
 
     def call(self, name: str, *args: Any, params: Mapping[str, Any]) -> Any:
         """Validate ``params`` and call the function registered as ``name``."""

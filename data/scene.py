@@ -19,17 +19,24 @@ from typing import Any
 import numpy as np
 
 from common.atomic_files import read_npz, write_npz
-from common.errors import ConfigError, SceneError
+from common.errors import ConfigError, InvalidValue, SceneError
 from common.seeding import rng_for
-from common.validation import Flag, Integer, check_fields, rule
+from common.validation import Constraint, Flag, Integer, Nullable, check_fields, rule
 from data.noise import NOISE_MODELS, add_noise
 from data.partition import PARTITIONERS, partition
 from data.sources import check_dataset_name, load_dataset
+from data.sources import check_root as check_dataset_root
 from data.sources.base import Dataset
 
 SCENE_FILE = "scene.npz"
 FORMAT_VERSION = 1
 _PER_SAMPLE = ("indices", "client", "noisy_labels", "true_labels")
+# scikit-learn's random_state (FedCorr's GaussianMixture) takes seeds below 2**32 only.
+MAX_SEED = 2**32 - 1
+
+
+class _BadContents(Exception):
+    """A scene file that reads as a format-1 scene but whose arrays break its invariants."""
 
 
 @dataclass(frozen=True)
@@ -100,6 +107,10 @@ class Scene:
         try:
             arrays = read_npz(path)
             scene = cls._from_arrays(arrays)
+        except _BadContents as err:
+            raise SceneError(
+                f"scene file {path} is invalid: {err}; delete it and build it again with `python scene.py`"
+            ) from None
         except (OSError, ValueError, KeyError, zipfile.BadZipFile, json.JSONDecodeError) as err:
             raise SceneError(
                 f"scene file {path} is corrupt ({err}); delete it and build it again with `python scene.py`"
@@ -120,18 +131,75 @@ class Scene:
         spec = json.loads(str(arrays["spec"]))
         if not isinstance(spec, dict) or spec.get("format") != FORMAT_VERSION:
             raise ValueError(f"spec is not a format-{FORMAT_VERSION} scene spec")
-        length = arrays["indices"].shape
-        for name in _PER_SAMPLE:
-            if arrays[name].ndim != 1 or arrays[name].shape != length or arrays[name].dtype.kind != "i":
-                raise ValueError(f"array {name!r} is not a 1-d integer array of length {length[0]}")
-        num_clients = int(spec["num_clients"])
-        client = arrays["client"]
-        if client.size and (client.min() < 0 or client.max() >= num_clients or np.any(np.diff(client) < 0)):
-            raise ValueError(f"client ids are not sorted values in 0..{num_clients - 1}")
-        if arrays["noise_level"].shape != (num_clients,):
-            raise ValueError(f"noise_level does not hold one value per client ({num_clients})")
-        return cls(spec, indices=arrays["indices"], client=client, noisy_labels=arrays["noisy_labels"],
+        _check_contents(spec, arrays)
+        return cls(spec, indices=arrays["indices"], client=arrays["client"], noisy_labels=arrays["noisy_labels"],
                    true_labels=arrays["true_labels"], noise_level=arrays["noise_level"])
+
+
+def _stored_value(spec: dict[str, Any], key: str) -> Any:
+    """The value at dotted ``key`` of a stored spec (None where a level is missing)."""
+    value: Any = spec
+    for part in key.split("."):
+        value = value.get(part) if isinstance(value, dict) else None
+    return value
+
+
+def _stored_count(spec: dict[str, Any], key: str, low: int) -> int:
+    """The integer at dotted ``key`` of a stored spec, which must be >= ``low``."""
+    value = _stored_value(spec, key)
+    if not isinstance(value, int) or isinstance(value, bool) or value < low:
+        raise _BadContents(f"its spec has {key}={value!r}, not an integer >= {low}")
+    return value
+
+
+def _check_layout(arrays: dict[str, np.ndarray], num_train: int, num_clients: int) -> None:
+    """One integer row per training sample in each per-sample array; one float level per client."""
+    for name in _PER_SAMPLE:
+        array = arrays[name]
+        if array.dtype.kind != "i":
+            raise _BadContents(f"{name} has dtype {array.dtype}, not an integer type")
+        if array.shape != (num_train,):
+            raise _BadContents(f"{name} has shape {array.shape}, not one entry per training sample ({num_train},)")
+    level = arrays["noise_level"]
+    if level.dtype.kind != "f":
+        raise _BadContents(f"noise_level has dtype {level.dtype}, not a float type")
+    if level.shape != (num_clients,):
+        raise _BadContents(f"noise_level has shape {level.shape}, not one value per client ({num_clients},)")
+
+
+def _check_within(values: np.ndarray, low: int, high: int, what: str, range_text: str) -> None:
+    """Every value lies in [low, high); the first that does not is named."""
+    outside = values[(values < low) | (values >= high)]
+    if outside.size:
+        raise _BadContents(f"{what} {outside[0]} is outside {range_text}")
+
+
+def _check_contents(spec: dict[str, Any], arrays: dict[str, np.ndarray]) -> None:
+    """The arrays must be a scene of the data and federation the file's own spec names.
+
+    The spec's fingerprint is what a reused scene is matched against, so checking the arrays
+    against it checks them against the dataset at hand. Every test is one vectorised pass.
+    """
+    num_train = _stored_count(spec, "dataset.num_train", 1)
+    num_classes = _stored_count(spec, "dataset.num_classes", 2)
+    num_clients = _stored_count(spec, "num_clients", 1)
+    dataset = _stored_value(spec, "dataset.name")
+    _check_layout(arrays, num_train, num_clients)
+    classes = f"the {num_classes} classes of {dataset}"
+    _check_within(arrays["noisy_labels"], 0, num_classes, "noisy label", classes)
+    _check_within(arrays["true_labels"], -1, num_classes, "true label", f"{classes} (or -1 for unknown)")
+    _check_within(arrays["client"], 0, num_clients, "client id", f"the {num_clients} clients")
+    if np.any(np.diff(arrays["client"]) < 0):
+        raise _BadContents("client ids are not grouped in increasing order")
+    indices = arrays["indices"]
+    _check_within(indices, 0, num_train, "sample index", f"the {num_train} training samples of {dataset}")
+    repeated = np.flatnonzero(np.bincount(indices, minlength=num_train) > 1)
+    if repeated.size:
+        raise _BadContents(f"sample index {repeated[0]} appears more than once")
+    level = arrays["noise_level"]
+    bad = np.flatnonzero(~((level >= 0) & (level <= 1)))  # NaN fails both comparisons
+    if bad.size:
+        raise _BadContents(f"noise level {level[bad[0]]} of client {bad[0]} is not a number in [0, 1]")
 
 
 def canonical_json(obj: Any) -> str:
@@ -156,27 +224,65 @@ def spec_differences(stored: dict[str, Any], wanted: dict[str, Any]) -> list[str
 
 
 @dataclass(frozen=True)
+class _PathText:
+    """A non-empty path string (``~`` is expanded where it is used)."""
+
+    def check(self, key: str, value: Any) -> None:
+        """``value`` must be such a string."""
+        if not isinstance(value, str) or not value.strip():
+            raise InvalidValue(key, value, "allowed is a folder path or null")
+
+
+@dataclass(frozen=True)
+class _Explained:
+    """``inner``, with the reason for its bounds added to the message."""
+
+    inner: Constraint
+    reason: str
+
+    def check(self, key: str, value: Any) -> None:
+        """``value`` must pass ``inner``; a refusal says why the bound exists."""
+        try:
+            self.inner.check(key, value)
+        except InvalidValue as err:
+            raise InvalidValue(err.key, err.value, f"{err.allowed} ({self.reason})") from None
+
+
+@dataclass(frozen=True)
 class DatasetSource:
     """Which dataset to load and from where (``conf/dataset/<name>.yaml``).
 
     name: a registered source (``data.sources.DATASET_NAMES``).
     num_classes: the class count the run expects; the loaded data must agree.
-    root: where to look first (None: the source's default lookup); download: allow torchvision to
-        download it; cache_dir: the decoded-array cache (None: ``$FEDCORR_CACHE_DIR`` or the home cache).
+    root: where to look first (None: the source's default lookup); a root that is set must be an
+        existing folder when the data is loaded (see ``check_root``). download: allow
+        torchvision to download it; cache_dir: the decoded-array cache (None: ``$FEDCORR_CACHE_DIR``
+        or the home cache).
     """
 
     name: str
     num_classes: int = field(metadata=rule(Integer(low=2)))
-    root: str | None = None
+    root: str | None = field(default=None, metadata=rule(Nullable(_PathText())))
     download: bool = field(default=False, metadata=rule(Flag()))
-    cache_dir: str | None = None
+    cache_dir: str | None = field(default=None, metadata=rule(Nullable(_PathText())))
 
     def __post_init__(self) -> None:
         check_dataset_name(self.name)
         check_fields(self)
 
+    def check_root(self) -> None:
+        """Refuse a set ``dataset.root`` that is not a folder (``data.sources.check_root``); reads no data.
+
+        Not run when the source is built: the shipped CIFAR and Clothing1M configs name
+        ``./datasets`` roots, and a config must stay valid on a machine that has not fetched the data
+        yet (or will download it). ``load`` runs it first; a command may run it earlier.
+        """
+        check_dataset_root(self.name, self.root, download=self.download)
+
     def load(self) -> Dataset:
-        """The dataset, from its root and cache."""
+        """The dataset, from its root and cache; a set root that is missing is refused before any
+        other place is searched (and so before any scene is built)."""
+        self.check_root()
         return load_dataset(self.name, self.root, download=self.download, cache_dir=self.cache_dir)
 
 
@@ -200,7 +306,8 @@ class SceneSpec:
 
     dataset: DatasetSource
     num_clients: int = field(metadata=rule(Integer(low=1)))
-    seed: int = field(metadata=rule(Integer(low=0)))
+    seed: int = field(metadata=rule(
+        _Explained(Integer(low=0, high=MAX_SEED), "the seed feeds scikit-learn's random_state")))
     partition: Component = field(default_factory=lambda: Component("iid"))
     noise: Component = field(default_factory=lambda: Component("none"))
 
@@ -259,8 +366,8 @@ def check_dataset_matches(spec: SceneSpec, dataset: Dataset) -> None:
         )
     if spec.num_clients > len(dataset.train):
         raise ConfigError(
-            f"num_clients={spec.num_clients} exceeds the {len(dataset.train)} training samples of "
-            f"{dataset.name}: every client needs at least one sample"
+            f"num_clients={spec.num_clients} is invalid: allowed is at most the {len(dataset.train)} training "
+            f"samples of {dataset.name}: every client needs at least one sample"
         )
 
 

@@ -42,7 +42,7 @@ MODEL_NAMES: tuple[str, ...] = tuple(_REGISTRY)
 def check_model_name(name: str) -> None:
     """Raise ConfigError unless ``name`` is a registered model."""
     if not isinstance(name, str) or name not in _REGISTRY:
-        raise ConfigError(f"model={name!r} is unknown: allowed are {', '.join(MODEL_NAMES)}")
+        raise ConfigError(f"model={name!r} is invalid: allowed are {', '.join(MODEL_NAMES)}")
 
 
 def _check_positive_int(what: str, value: object) -> None:

@@ -13,9 +13,11 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 from common.errors import InvalidValue
+from common.folders import check_output_folder
 from settings.run import RunSettings, run_settings
 from strategies.environment import Environment
 from strategies.registry import StrategyPlan, parse_strategy
+from task.device import check_device
 
 
 @dataclass(frozen=True)
@@ -46,8 +48,11 @@ def check_server_extras(settings: RunSettings) -> None:
 
 
 def load_run(cfg: DictConfig) -> RunPlan:
-    """The run's settings and its strategy's, every value checked."""
+    """The run's settings and its strategy's, every value checked: also that the server can write
+    its out_dir and has the device it evaluates on."""
     settings = run_settings(cfg)
+    check_output_folder("out_dir", settings.out_dir)
+    check_device("server.device", settings.server.device)
     check_server_extras(settings)
     strategy_cfg = OmegaConf.to_container(cfg.strategy, resolve=True)
     assert isinstance(strategy_cfg, dict)

@@ -58,7 +58,7 @@ def compose_config(overrides: Sequence[str] = ()) -> DictConfig:
         group, sep, value = override.partition("=")
         if sep and (CONF_DIR / group).is_dir() and value not in group_options(group):
             raise ConfigError(
-                f"{group}={value!r} is unknown: allowed are {', '.join(group_options(group))}"
+                f"{group}={value!r} is invalid: allowed are {', '.join(group_options(group))}"
             )
     try:
         if GlobalHydra.instance().is_initialized():

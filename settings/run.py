@@ -102,6 +102,11 @@ class SimulationSettings:
         check_fields(self)
         if not isinstance(self.ray_init_args, dict):
             raise InvalidValue("ray_init_args", self.ray_init_args, "allowed is a mapping of ray.init arguments")
+        # The counts below bound the per-client resources; their keys' names are checked against
+        # ray.init itself where Ray is imported (server.simulation_engine.check_ray_init_args).
+        for key in ("num_cpus", "num_gpus"):
+            if key in self.ray_init_args:
+                Integer(low=0).check(f"ray_init_args.{key}", self.ray_init_args[key])
         # Asking for more than Ray has leaves the actor pool empty: Flower then fails only after the
         # ServerApp has started, and nothing can stop it waiting for replies.
         num_cpus = self.ray_init_args.get("num_cpus", os.cpu_count() or 1)

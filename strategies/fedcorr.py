@@ -104,7 +104,8 @@ class FedCorrSettings:
     frac2: float = field(metadata=rule(Number(low=0.0, high=1.0, low_open=True)))
     beta: float = field(metadata=rule(Number(low=0.0)))
     prox_norm: str = field(metadata=rule(Choice(PROX_NORMS)))
-    lid_k: int = field(metadata=rule(Integer(low=1)))
+    # With one neighbour every LID is 0 (eq. 2 divides by log(r_1 / r_1)): detection would be off.
+    lid_k: int = field(metadata=rule(Integer(low=2)))
     mixup_alpha: float = field(metadata=rule(Number(low=0.0)))
     pi: float = field(metadata=rule(Number(low=0.0, high=1.0)))
     theta: float = field(metadata=rule(Number(low=0.0, high=1.0)))

@@ -234,7 +234,7 @@ def _parse(cfg: Mapping[str, Any], prefix: str) -> FedDivSettings:
 def _check(settings: FedDivSettings, env: Environment) -> None:
     settings.main_rounds().check_for(env.num_clients, None, "strategy")
     if settings.rounds_under(env.comm_budget, env.num_clients) < 1:
-        raise ConfigError(f"comm_budget={env.comm_budget} is too small: FedDiv's warm-up spends "
+        raise ConfigError(f"comm_budget={env.comm_budget} is invalid: too small; FedDiv's warm-up spends "
                           f"{settings.warmup_iterations * env.num_clients} participations and leaves no main round")
 
 

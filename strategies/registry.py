@@ -162,7 +162,7 @@ def names() -> tuple[str, ...]:
 def entry(name: Any, key: str = "strategy") -> StrategyEntry:
     """The entry of ``name``; an unknown name is a ConfigError listing the known ones."""
     if not isinstance(name, str) or name not in entries():
-        raise ConfigError(f"{key}={name!r} is unknown: allowed are {', '.join(names())}")
+        raise ConfigError(f"{key}={name!r} is invalid: allowed are {', '.join(names())}")
     return entries()[name]
 
 
@@ -170,7 +170,7 @@ def round_method(name: Any, key: str) -> RoundMethod:
     """The round-based method ``name`` (a stage-3 strategy of FedCorr)."""
     allowed = [n for n, e in entries().items() if e.round_method is not None]
     if not isinstance(name, str) or name not in allowed:
-        raise ConfigError(f"{key}={name!r} is unknown: allowed are {', '.join(allowed)}")
+        raise ConfigError(f"{key}={name!r} is invalid: allowed are {', '.join(allowed)}")
     method = entries()[name].round_method
     assert method is not None
     return method

@@ -41,14 +41,15 @@ class RoundSettings:
         if comm_budget is None:
             return self.num_rounds
         if comm_budget < spent:
-            raise ConfigError(f"comm_budget={comm_budget} is too small: {what} alone spend {spent} "
+            raise ConfigError(f"comm_budget={comm_budget} is invalid: too small; {what} alone spend {spent} "
                               "client participations")
         return (comm_budget - spent) // self.round_size(num_clients)
 
     def check_for(self, num_clients: int, comm_budget: int | None, key: str) -> None:
         """Checks that need the federation's size: round size and the budget's rounds."""
         if self.min_clients > num_clients:
-            raise ConfigError(f"{key}.min_clients={self.min_clients} exceeds num_clients={num_clients}")
+            raise ConfigError(f"{key}.min_clients={self.min_clients} is invalid: allowed is at most "
+                              f"num_clients={num_clients}")
         if comm_budget is not None and self.rounds_under(comm_budget, num_clients) < 1:
-            raise ConfigError(f"comm_budget={comm_budget} is too small: one round spends "
+            raise ConfigError(f"comm_budget={comm_budget} is invalid: too small; one round spends "
                               f"{self.round_size(num_clients)} client participations")

@@ -221,7 +221,7 @@ def build(overrides: list[str], parameter_names=("w",)):
     (["strategy=fedavg", "strategy.train.lr=0"], r"strategy.train.lr=0 is invalid: allowed is a finite number > 0"),
     (["strategy=fedavg", "+strategy.mu=1"], r"strategy config has unknown keys \['mu'\]"),
     (["strategy.stage3=poc", "strategy.stage3_options.poc.d=3"], r"strategy.stage3_options.poc.d=3 is invalid"),
-    (["strategy.stage3=scaffold"], r"strategy.stage3='scaffold' is unknown: allowed are fedavg, feddyn, fedlsr"),
+    (["strategy.stage3=scaffold"], r"strategy.stage3='scaffold' is invalid: allowed are fedavg, feddyn, fedlsr"),
     (["strategy.ablation.mixup=maybe"], r"strategy.ablation.mixup='maybe' is invalid: allowed is true or false"),
     (["+strategy.ablation.noise=false"], r"strategy.ablation config has unknown keys \['noise'\]"),
     (["strategy.frac2=0"], r"strategy.frac2=0 is invalid"),
@@ -254,9 +254,9 @@ def test_one_comm_budget_sets_every_methods_rounds():
         assert build([*budget, f"strategy={name}"]).num_rounds == 20
     # FedCorr smoke: T1 = 3 iterations x 10 clients + T2 = 5 rounds x 3 = 45; stage 3 gets (60 - 45) // 3.
     assert build(budget).stage3.num_rounds == 5
-    with pytest.raises(ConfigError, match="comm_budget=40 is too small: FedCorr's stages 1-2 alone spend"):
+    with pytest.raises(ConfigError, match="comm_budget=40 is invalid: too small; FedCorr's stages 1-2 alone spend"):
         plan(["experiment=smoke", "comm_budget=40"])
-    with pytest.raises(ConfigError, match="comm_budget=2 is too small: one round spends 3"):
+    with pytest.raises(ConfigError, match="comm_budget=2 is invalid: too small; one round spends 3"):
         plan(["experiment=smoke", "strategy=fedavg", "comm_budget=2"])
 
 

@@ -32,8 +32,8 @@ def test_the_default_out_dir_changes_with_every_scene_setting():
     "override,message",
     [
         ("dataset=mnist",
-         r"dataset='mnist' is unknown: allowed are cifar10, cifar100, clothing1m, digits, fashion_mnist"),
-        ("noise=label_swap", r"noise='label_swap' is unknown"),
+         r"dataset='mnist' is invalid: allowed are cifar10, cifar100, clothing1m, digits, fashion_mnist"),
+        ("noise=label_swap", r"noise='label_swap' is invalid"),
         ("noise.bogus=1", r"Could not override 'noise.bogus'"),
         ("seed", r"bad override"),
     ],

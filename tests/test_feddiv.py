@@ -109,9 +109,10 @@ def test_options_and_report_travel_through_the_codec():
     ("strategy.zeta=1.5", r"strategy.zeta=1.5 is invalid"),
     ("strategy.variance_aggregation=cubic", r"strategy.variance_aggregation='cubic' is invalid: allowed are linear"),
     # smoke: one warm-up iteration of 10 clients, then rounds of 3.
-    ("comm_budget=5", r"comm_budget=5 is too small: FedDiv's warm-up alone spend 10"),
-    ("comm_budget=12", r"comm_budget=12 is too small: FedDiv's warm-up spends 10 participations and leaves no"),
-    ("strategy.min_clients=11", r"strategy.min_clients=11 exceeds num_clients=10"),
+    ("comm_budget=5", r"comm_budget=5 is invalid: too small; FedDiv's warm-up alone spend 10"),
+    ("comm_budget=12", r"comm_budget=12 is invalid: too small; FedDiv's warm-up spends 10 participations and "
+                       r"leaves no"),
+    ("strategy.min_clients=11", r"strategy.min_clients=11 is invalid: allowed is at most num_clients=10"),
 ])
 def test_bad_settings_are_one_clear_error(overrides, message):
     from server.config import load_run

@@ -264,8 +264,8 @@ SMOKE = ["experiment=smoke", "strategy=fedes"]
     (["strategy.rho_floor=1.5"], r"^strategy.rho_floor=1.5 is invalid"),
     (["strategy.mask_params=bias"], r"^strategy.mask_params='bias' is invalid: allowed are weights, all$"),
     (["strategy.strict_freeze=maybe"], r"^strategy.strict_freeze='maybe' is invalid: allowed is true or false$"),
-    (["comm_budget=18"], r"^comm_budget=18 is too small: FedES's pre-training and estimation rounds alone spend "
-                         r"19 client participations$"),
+    (["comm_budget=18"], r"^comm_budget=18 is invalid: too small; FedES's pre-training and estimation rounds "
+                         r"alone spend 19 client participations$"),
 ])
 def test_bad_settings_are_one_line_naming_the_key(overrides, message):
     with pytest.raises(ConfigError, match=message) as caught:

@@ -115,7 +115,7 @@ def test_same_seed_same_noise():
         ("gaussian", {"mean": 0.3, "std": -0.1, "kind": "symmetric"}, r"noise.std=-0.1"),
         ("gaussian", {"mean": 0.3, "std": 0.1, "kind": "diagonal"}, r"noise.kind='diagonal'"),
         ("symmetric", {}, r"needs noise.eps"),
-        ("label_swap", {}, r"noise='label_swap' is unknown: allowed are fedcorr, symmetric, pairflip, gaussian, none"),
+        ("label_swap", {}, r"noise='label_swap' is invalid: allowed are fedcorr, symmetric, pairflip, gaussian, none"),
     ],
 )
 def test_bad_parameters_fail_with_one_clear_message(name, params, message):

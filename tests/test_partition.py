@@ -129,7 +129,7 @@ def test_shards_give_few_classes_and_equal_sizes():
         ("dirichlet", {"alpha": 1.0, "min_size": 0}, r"partition.min_size=0 .* integer >= 1"),
         ("shards", {"shards_per_client": "two"}, r"partition.shards_per_client='two'"),
         ("fedcorr_noniid", {"p": 0.5}, r"needs partition.alpha"),
-        ("bogus", {}, r"partition='bogus' is unknown: allowed are iid, fedcorr_noniid, dirichlet, shards"),
+        ("bogus", {}, r"partition='bogus' is invalid: allowed are iid, fedcorr_noniid, dirichlet, shards"),
     ],
 )
 def test_bad_parameters_fail_with_one_clear_message(name, params, message):
@@ -138,7 +138,7 @@ def test_bad_parameters_fail_with_one_clear_message(name, params, message):
 
 
 def test_more_clients_than_samples_is_rejected():
-    with pytest.raises(ConfigError, match="num_clients=11 exceeds the 10 training samples"):
+    with pytest.raises(ConfigError, match="num_clients=11 is invalid: allowed is at most the 10 training samples"):
         partition("iid", make_labels(10), 11, np.random.default_rng(0), {})
 
 

@@ -124,15 +124,15 @@ def test_client_slice_matches_the_scene(tmp_path, digits):
 @pytest.mark.parametrize(
     "override,message",
     [
-        ("dataset=imagenet", "dataset='imagenet' is unknown: allowed are cifar10, cifar100, clothing1m, digits"),
+        ("dataset=imagenet", "dataset='imagenet' is invalid: allowed are cifar10, cifar100, clothing1m, digits"),
         ("noise.rho=1.5", "noise.rho=1.5 is invalid"),
         ("noise.tau=-0.1", "noise.tau=-0.1 is invalid"),
         ("partition=fedcorr_noniid partition.p=0", "partition.p=0 is invalid"),
         ("partition=dirichlet partition.alpha=0", "partition.alpha=0 is invalid"),
-        ("num_clients=5000", "num_clients=5000 exceeds the 1437 training samples"),
+        ("num_clients=5000", "num_clients=5000 is invalid: allowed is at most the 1437 training samples"),
         ("num_clients=0", "num_clients=0 is invalid"),
         ("dataset.num_classes=7", "dataset.num_classes=7 but digits at hand has 10 classes"),
-        ("model=transformer", "model='transformer' is unknown"),
+        ("model=transformer", "model='transformer' is invalid"),
     ],
 )
 def test_bad_input_fails_before_writing_anything(tmp_path, override, message):

@@ -38,7 +38,7 @@ def test_the_default_run_is_typed_and_frozen():
     ("simulation.verbose=maybe", r"^simulation.verbose='maybe' is invalid: allowed is true or false$"),
     ("ground_truth=maybe", r"^ground_truth='maybe' is invalid: allowed is true or false$"),
     ("comm_budget=0", r"^comm_budget=0 is invalid: allowed is an integer >= 1$"),
-    ("seed=-1", r"^seed=-1 is invalid: allowed is an integer >= 0$"),
+    ("seed=-1", r"^seed=-1 is invalid: allowed is an integer >= 0 and <= 4294967295 \(the seed feeds scikit-learn"),
     ("dataset.transforms.train.crop=0", r"^dataset.transforms.train.crop=0 is invalid: allowed is an integer >= 1$"),
     ("dataset.download=maybe", r"^dataset.download='maybe' is invalid"),
     ("model=resnet50", None),

@@ -14,6 +14,13 @@ def as_path(path: str | os.PathLike[str]) -> Path:
     return Path(path).expanduser()
 
 
+def folder_problem(path: Path) -> str | None:
+    """Why ``path`` cannot be searched ("does not exist", "not a directory"), or None for a folder."""
+    if path.is_dir():
+        return None
+    return "not a directory" if path.exists() else "does not exist"
+
+
 def find_file(directory: Path, name: str, suffixes: Sequence[str] = ("",)) -> Path | None:
     """The first existing ``directory/name<suffix>``, or None."""
     for suffix in suffixes:
@@ -42,8 +49,9 @@ class Lookup:
     ) -> list[Path] | None:
         """The files ``names`` from the first directory holding all of them, or None."""
         for directory in directories:
-            if not directory.is_dir():
-                self.miss(directory, "not a directory" if directory.exists() else "does not exist")
+            problem = folder_problem(directory)
+            if problem is not None:
+                self.miss(directory, problem)
                 continue
             found = [find_file(directory, name, suffixes) for name in names]
             missing = [name for name, path in zip(names, found) if path is None]

@@ -1,0 +1,219 @@
+"""Bad input, table-driven: every mistake on the command lines of sim.py, scene.py and export.py is one
+line ``<key>=<value> is invalid: <what is allowed>`` before any work: no file or folder written, no
+Ray started. Most cases go through the entry points those commands call first (``sim.preflight``,
+``scene.main``, ``export.main``), in this process; a sample runs the real commands as subprocesses
+(e2e tier) for the ``error:`` prefix and exit status 2."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import export as export_command
+import scene as scene_command
+import sim
+from common.errors import ConfigError
+
+REPO = Path(__file__).resolve().parents[1]
+SMOKE = ["experiment=smoke"]
+
+# (overrides after experiment=smoke, the key=value the one line must start with)
+SIM_CASES = [
+    # Hydra: groups, keys, the override grammar, sweeps
+    ("experiment=smok", "experiment='smok'"),
+    ("model=foo", "model='foo'"),
+    ("strategy=fedmagic", "strategy='fedmagic'"),
+    ("noise=label_swap", "noise='label_swap'"),
+    ("partition=random", "partition='random'"),
+    ("dataset=mnist", "dataset='mnist'"),
+    ("+num_client=5", "num_client=5"),
+    ("stratgy=fedavg", "stratgy=fedavg"),
+    ("noise.rhoo=1", "noise.rhoo=1"),
+    ("seed=1,2", "seed=1,2"),
+    ("seed=[1", "seed=[1"),
+    ("strategy.zz=1", "strategy.zz=1"),
+    ("++strategy.zz=1", "strategy.zz=1"),
+    ("-m seed=1,2 noise.rho=5", "noise.rho=5"),
+    ("-m strategy=fedavg,fedprox strategy.mu=0.5", "strategy.mu=0.5"),
+    ("-m seed=interval(0,1)", "seed=interval(0,1)"),
+    # the run's own values
+    ("seed=-1", "seed=-1"),
+    ("seed=4294967296", "seed=4294967296"),
+    ("seed=abc", "seed='abc'"),
+    ("num_clients=0", "num_clients=0"),
+    ("num_clients=100000", "num_clients=100000"),
+    ("comm_budget=0", "comm_budget=0"),
+    ("ground_truth=maybe", "ground_truth='maybe'"),
+    ("logging.tensorboard=maybe", "logging.tensorboard='maybe'"),
+    ("server.on_client_error=ignore", "server.on_client_error='ignore'"),
+    ("server.eval_every=0", "server.eval_every=0"),
+    ("server.round_timeout=-5", "server.round_timeout=-5"),
+    ("server.device=cuda", "server.device='cuda'"),
+    ("server.device=tpu", "server.device='tpu'"),
+    ("client.device=cuda:7", "client.device='cuda:7'"),
+    ("simulation.num_cpus_per_client=0", "simulation.num_cpus_per_client=0"),
+    ("simulation.num_cpus_per_client=99", "simulation.num_cpus_per_client=99"),
+    ("simulation.num_gpus_per_client=-1", "simulation.num_gpus_per_client=-1"),
+    ("simulation.verbose=maybe", "simulation.verbose='maybe'"),
+    ("simulation.ray_init_args.foo=1", "simulation.ray_init_args.foo=1"),
+    ("+simulation.ray_init_args.foo=1", "simulation.ray_init_args.foo=1"),
+    ("+simulation.ray_init_args.num_cpus=abc", "simulation.ray_init_args.num_cpus='abc'"),
+    ("out_dir=", "out_dir=''"),
+    ("out_dir=/proc/no-such-run", "out_dir='/proc/no-such-run'"),
+    # the scene
+    ("noise.rho=1.5", "noise.rho=1.5"),
+    ("noise.tau=-0.1", "noise.tau=-0.1"),
+    ("noise.allow_true_label=maybe", "noise.allow_true_label='maybe'"),
+    ("noise=gaussian noise.std=inf", "noise.std=inf"),
+    ("noise=gaussian noise.mean=nan", "noise.mean=nan"),
+    ("noise=gaussian noise.std=" + "9" * 400, "noise.std=" + "9" * 400),  # no float holds it
+    ("noise=gaussian noise.kind=diagonal", "noise.kind='diagonal'"),
+    ("noise=symmetric noise.eps=1.5", "noise.eps=1.5"),
+    ("noise=pairflip noise.eps=inf", "noise.eps=inf"),
+    ("partition=dirichlet partition.alpha=inf", "partition.alpha=inf"),
+    ("partition=dirichlet partition.alpha=0", "partition.alpha=0"),
+    ("partition=fedcorr_noniid partition.p=1.5", "partition.p=1.5"),
+    ("dataset.root=/nonexistent", "dataset.root='/nonexistent'"),
+    # strategies
+    ("strategy.lid_k=1", "strategy.lid_k=1"),
+    ("strategy.t1=0", "strategy.t1=0"),
+    ("strategy.pi=2", "strategy.pi=2"),
+    ("strategy.stage3=fedmagic", "strategy.stage3='fedmagic'"),
+    ("strategy.ablation.mixup=maybe", "strategy.ablation.mixup='maybe'"),
+    ("strategy.train.lr=0", "strategy.train.lr=0"),
+    ("strategy.train.lr=maybe", "strategy.train.lr='maybe'"),
+    ("strategy.train.momentum=1", "strategy.train.momentum=1"),
+    ("strategy.train.learner=dividemix", "strategy.train.learner='dividemix'"),
+    ("strategy=fedavg strategy.fraction=0", "strategy.fraction=0"),
+    ("strategy=fedavg strategy.num_rounds=-1", "strategy.num_rounds=-1"),
+    ("strategy=poc strategy.d=1000", "strategy.d=1000"),
+    ("strategy=fednoro strategy.warmup=100", "strategy.warmup=100"),
+    ("strategy=feddiv strategy.zeta=2", "strategy.zeta=2"),
+    ("strategy=fedes strategy.s1=100", "strategy.s1=100"),
+    ("strategy=fedes strategy.rho_source=oracle ground_truth=false", "strategy.rho_source='oracle'"),
+]
+
+SCENE_CASES = [
+    ("experiment=smok", "experiment='smok'"),
+    ("-m", "-m"),
+    ("scene.plot=maybe", "scene.plot='maybe'"),
+    ("+foo=1", "foo=1"),
+    ("noise.rho=2", "noise.rho=2"),
+    ("partition=dirichlet partition.alpha=-1", "partition.alpha=-1"),
+]
+
+EXPORT_CASES = [
+    ("export.true_labels=maybe", "export.true_labels='maybe'"),
+    ("+export.format=csv", "export.format=csv"),
+    ("seed=-1", "seed=-1"),
+    ("num_clients=0", "num_clients=0"),
+]
+
+
+def _one_line(message: str, starts: str) -> None:
+    assert "\n" not in message.strip(), f"more than one line: {message!r}"
+    assert message.startswith(f"{starts} is invalid: "), message
+
+
+@pytest.fixture
+def empty_folder(tmp_path, monkeypatch):
+    """Run from an empty folder: the default out_dir is relative, so anything written lands here."""
+    monkeypatch.chdir(tmp_path)
+    yield tmp_path
+    assert list(tmp_path.iterdir()) == [], "a refused command left files behind"
+
+
+@pytest.fixture
+def no_ray():
+    import ray
+
+    yield
+    assert not ray.is_initialized(), "Ray was started"
+
+
+def _words(case: str, tmp: Path) -> list[str]:
+    return [*SMOKE, *case.replace("{tmp}", str(tmp)).split()]
+
+
+def test_there_are_at_least_sixty_distinct_cases():
+    cases = {(command, case) for command, table in (("sim", SIM_CASES), ("scene", SCENE_CASES),
+                                                     ("export", EXPORT_CASES)) for case, _ in table}
+    assert len(cases) >= 60
+
+
+@pytest.mark.parametrize(("case", "starts"), SIM_CASES)
+def test_sim_refuses_before_any_work(case, starts, empty_folder, no_ray):
+    with pytest.raises(ConfigError) as caught:
+        sim.preflight(_words(case, empty_folder))
+    _one_line(str(caught.value), starts)
+
+
+@pytest.mark.parametrize(("command", "case", "starts"),
+                         [("scene", *row) for row in SCENE_CASES] + [("export", *row) for row in EXPORT_CASES])
+def test_scene_and_export_refuse_before_any_work(command, case, starts, empty_folder, no_ray, capsys):
+    main = scene_command.main if command == "scene" else export_command.main
+    assert main(_words(case, empty_folder)) == 2
+    out, err = capsys.readouterr()
+    assert out == ""
+    _one_line(re.sub(r"^error: ", "", err.strip()), starts)
+    assert err.startswith("error: ")
+
+
+def test_an_out_dir_that_is_or_lies_under_a_file_is_refused(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    blocker = tmp_path / "a-file"
+    blocker.write_text("x")
+    for out_dir in (blocker, blocker / "run"):
+        with pytest.raises(ConfigError) as caught:
+            sim.preflight([*SMOKE, f"out_dir={out_dir}"])
+        _one_line(str(caught.value), f"out_dir='{out_dir}'")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a-file"]
+
+
+def test_a_valid_command_line_passes_every_check_and_still_writes_nothing(empty_folder, no_ray):
+    plans = sim.preflight([*SMOKE, "-m", "seed=1,2", "strategy=fedavg,fednoro"])
+    assert [(p.settings.seed, p.strategy.name) for p in plans] == [(1, "fedavg"), (1, "fednoro"),
+                                                                    (2, "fedavg"), (2, "fednoro")]
+
+
+def _ray_sessions() -> set[str]:
+    root = Path("/tmp/ray")
+    return {p.name for p in root.glob("session_*")} if root.exists() else set()
+
+
+@pytest.mark.e2e
+@pytest.mark.parametrize(("script", "case", "starts"), [
+    ("sim.py", "experiment=smok", "experiment='smok'"),
+    ("sim.py", "+num_client=5", "num_client=5"),
+    ("sim.py", "client.device=cuda:7", "client.device='cuda:7'"),
+    ("sim.py", "-m seed=1,2 noise.rho=5", "noise.rho=5"),
+    ("sim.py", "+simulation.ray_init_args.foo=1", "simulation.ray_init_args.foo=1"),
+    ("scene.py", "out_dir={tmp}", "out_dir="),
+    ("export.py", "export.true_labels=maybe", "export.true_labels='maybe'"),
+])
+def test_the_commands_print_one_error_line_and_exit_2(script, case, starts, tmp_path):
+    sessions = _ray_sessions()
+    (tmp_path / "cwd").mkdir()
+    (tmp_path / "blocker").write_text("a file where a folder should be")
+    done = subprocess.run([sys.executable, str(REPO / script), *_words(case, tmp_path / "blocker")],
+                          cwd=tmp_path / "cwd", capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2, done.stderr[-2000:]
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"error: {starts}"), done.stderr[-2000:]
+    assert list((tmp_path / "cwd").iterdir()) == [] and _ray_sessions() == sessions
+
+
+@pytest.mark.e2e
+def test_a_runtime_that_fails_to_start_ends_the_process_with_one_error_line(tmp_path):
+    # Ray refuses the logging level only while the runtime starts; the ServerApp thread it leaves
+    # behind would otherwise keep the process waiting for nodes until its own timeout (120 s).
+    done = subprocess.run([sys.executable, str(REPO / "sim.py"), *SMOKE, f"out_dir={tmp_path / 'run'}",
+                           "+simulation.ray_init_args.logging_level=NOPE"],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=90)
+    assert done.returncode == 1
+    assert done.stderr.strip().splitlines()[-1].startswith(
+        "error: the simulation runtime failed: ValueError: Unknown level"), done.stderr[-2000:]
