@@ -28,6 +28,7 @@ from hydra.types import RunMode  # noqa: E402
 from omegaconf import DictConfig, OmegaConf  # noqa: E402
 
 from common.errors import ConfigError  # noqa: E402
+from common.folders import check_output_folder  # noqa: E402
 from data.scene import check_dataset_matches, prepare_scene  # noqa: E402
 from reports.runs import MULTIRUN_INDEX  # noqa: E402  (a multirun lists its jobs' out_dirs for report.py)
 from server.config import RunPlan, load_run  # noqa: E402
@@ -81,6 +82,10 @@ def preflight(argv: list[str]) -> list[RunPlan]:
     command = split_command_line(argv)
     if command.other_flags:
         return []
+    if command.multirun:
+        # Hydra writes multirun.yaml there before the first job: it must be a folder we can write.
+        given = [word.partition("=")[2] for word in command.overrides if word.startswith("hydra.sweep.dir=")]
+        check_output_folder("hydra.sweep.dir", given[-1] if given else "multirun")
     plans = []
     for words, cfg in checked_jobs(command):
         cfg, _ = with_ground_truth(cfg, words)

@@ -361,8 +361,8 @@ def check_dataset_matches(spec: SceneSpec, dataset: Dataset) -> None:
     """The loaded data must fit the spec: its class count, and enough samples for every client."""
     if dataset.num_classes != spec.dataset.num_classes:
         raise ConfigError(
-            f"dataset.num_classes={spec.dataset.num_classes} but {dataset.name} at hand has "
-            f"{dataset.num_classes} classes"
+            f"dataset.num_classes={spec.dataset.num_classes} is invalid: allowed is {dataset.num_classes}, "
+            f"the classes of the {dataset.name} data at hand"
         )
     if spec.num_clients > len(dataset.train):
         raise ConfigError(

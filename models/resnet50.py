@@ -77,10 +77,9 @@ def check_resnet50_options(options: dict) -> None:
         raise InvalidValue("model.weights_path", weights_path,
                            "model.pretrained=false asks for random initialisation: allowed is null")
     if weights_path is not None and not Path(weights_path).expanduser().is_file():
-        raise ConfigError(
-            f"{_describe(Path(weights_path))} does not exist; pass the path of a local torchvision "
-            "ImageNet resnet50 state dict (weights are never downloaded)"
-        )
+        raise InvalidValue("model.weights_path", weights_path,
+                           "allowed is an existing file: a local torchvision ImageNet resnet50 state dict "
+                           "(weights are never downloaded); no such file here")
 
 
 def resnet50(num_classes: int, in_channels: int, weights_path: str | Path | None = None,

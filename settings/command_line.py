@@ -27,7 +27,7 @@ from settings.scene import out_dir
 
 # Settings that are open mappings: a user may add keys to them with ``+key=value`` (each one is
 # checked where the mapping is used, e.g. ray.init's arguments).
-OPEN_MAPPINGS = ("simulation.ray_init_args",)
+OPEN_MAPPINGS = ("simulation.ray_init_args", "dataset.transforms.train", "dataset.transforms.eval")
 # Hydra's own settings (``hydra.sweep.dir=...``): passed to Hydra, not part of the run's config.
 HYDRA_PREFIX = "hydra."
 _NOT_OVERRIDABLE = re.compile(r"Could not (?:override|append to config|delete from config)[^']*'([^']+)'")
@@ -86,7 +86,7 @@ def _allowed_under(cfg: DictConfig, key: str) -> str:
     """The keys next to ``key`` in ``cfg`` (what a misspelt key could have meant)."""
     parent = key.rpartition(".")[0]
     if parent in OPEN_MAPPINGS:
-        return f"{parent} starts empty: add an entry with +{key}=..."
+        return f"add an entry to {parent} with +{key}=..."
     node = OmegaConf.select(cfg, parent) if parent else cfg
     if isinstance(node, DictConfig):
         return f"allowed under {parent or 'the top level'} are {', '.join(sorted(str(k) for k in node))}"
@@ -100,6 +100,21 @@ def _value_of(words: Sequence[str], key: str) -> str:
     return key
 
 
+def _blame(words: Sequence[str], err: ConfigError) -> ConfigError:
+    """One line for a composition that failed without naming an override: a deletion (``~key``) that
+    leaves a setting the config needs, else the error's own first line."""
+    reason = str(err).splitlines()[0].split(": ", 1)[-1]
+    deletions = [word for word in words if word.startswith("~")]
+    if deletions:
+        try:
+            compose_config([word for word in words if word not in deletions])
+        except ConfigError:
+            pass
+        else:
+            return ConfigError(f"{deletions[0]} is invalid: the run needs this setting ({reason})")
+    return ConfigError(str(err).splitlines()[0])
+
+
 def compose_job(words: Sequence[str]) -> DictConfig:
     """The config of one job's overrides; an override Hydra cannot apply is one line naming it and the
     keys it could have meant."""
@@ -110,7 +125,7 @@ def compose_job(words: Sequence[str]) -> DictConfig:
         match = _NOT_OVERRIDABLE.search(str(err))
         cause = err.__cause__
         if match is None or not isinstance(cause, (HydraException, OmegaConfBaseException)):
-            raise ConfigError(str(err).splitlines()[0]) from None
+            raise _blame(run_words, err) from None
         key = match.group(1)
         others = [word for word in run_words if word.lstrip("+~").partition("=")[0] != key]
         base = compose_config(others)

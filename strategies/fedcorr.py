@@ -376,8 +376,11 @@ class FedCorr(FederatedStrategy):
 def _parse(cfg: Mapping[str, Any], prefix: str) -> FedCorrSettings:
     stage3 = cfg.get("stage3", "fedavg")
     method = round_method(stage3, f"{prefix}.stage3")
-    options_cfg = (cfg.get("stage3_options") or {}).get(stage3) or {}
-    options = method.parse_options(options_cfg, f"{prefix}.stage3_options.{stage3}")
+    blocks = cfg.get("stage3_options") or {}
+    # Every block is checked, not only the chosen stage 3's: a typo in another is a mistake too.
+    for name, block in blocks.items():
+        round_method(name, f"{prefix}.stage3_options").parse_options(block or {}, f"{prefix}.stage3_options.{name}")
+    options = method.parse_options(blocks.get(stage3) or {}, f"{prefix}.stage3_options.{stage3}")
     ablation = settings_from_mapping(FedCorrAblation, cfg.get("ablation") or {}, f"{prefix}.ablation")
     given = {"train": parse_training(cfg, prefix), "stage3_options": options, "ablation": ablation}
     return settings_from_mapping(FedCorrSettings, cfg, prefix, **given)

@@ -40,6 +40,13 @@ SIM_CASES = [
     ("-m seed=1,2 noise.rho=5", "noise.rho=5"),
     ("-m strategy=fedavg,fedprox strategy.mu=0.5", "strategy.mu=0.5"),
     ("-m seed=interval(0,1)", "seed=interval(0,1)"),
+    ("-m seed=1,2 hydra.sweep.dir=/proc/no-such-sweep", "hydra.sweep.dir='/proc/no-such-sweep'"),
+    ("~seed", "~seed"),
+    ("dataset.transforms.train.crop=-3", "dataset.transforms.train.crop=-3"),
+    ("+dataset.transforms.train.crop=-3", "dataset.transforms.train.crop=-3"),
+    ("dataset.num_classes=3", "dataset.num_classes=3"),
+    ("model=resnet50 model.weights_path=/nonexistent", "model.weights_path='/nonexistent'"),
+    ("strategy.stage3_options.poc.d=abc", "strategy.stage3_options.poc.d='abc'"),
     # the run's own values
     ("seed=-1", "seed=-1"),
     ("seed=4294967296", "seed=4294967296"),

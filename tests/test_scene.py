@@ -131,7 +131,7 @@ def test_client_slice_matches_the_scene(tmp_path, digits):
         ("partition=dirichlet partition.alpha=0", "partition.alpha=0 is invalid"),
         ("num_clients=5000", "num_clients=5000 is invalid: allowed is at most the 1437 training samples"),
         ("num_clients=0", "num_clients=0 is invalid"),
-        ("dataset.num_classes=7", "dataset.num_classes=7 but digits at hand has 10 classes"),
+        ("dataset.num_classes=7", "dataset.num_classes=7 is invalid: allowed is 10, the classes of the digits data"),
         ("model=transformer", "model='transformer' is invalid"),
     ],
 )
