@@ -16,6 +16,7 @@ import logging
 import os
 import shlex
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 from typing import NoReturn
 
@@ -29,11 +30,12 @@ from omegaconf import DictConfig, OmegaConf  # noqa: E402
 
 from common.errors import ConfigError  # noqa: E402
 from common.folders import check_output_folder  # noqa: E402
-from data.scene import check_dataset_matches, prepare_scene  # noqa: E402
+from data.scene import planned_scene, prepare_scene  # noqa: E402
 from reports.runs import MULTIRUN_INDEX  # noqa: E402  (a multirun lists its jobs' out_dirs for report.py)
 from server.config import RunPlan, load_run  # noqa: E402
 from settings.command_line import checked_jobs, split_command_line  # noqa: E402
 from settings.compose import CONF_DIR  # noqa: E402  (also registers the resolvers of the default out_dir)
+from strategies.registry import entry  # noqa: E402
 
 GROUND_TRUTH = "ground_truth"
 
@@ -74,6 +76,15 @@ def check_simulation(plan: RunPlan) -> None:
     check_ray_init_args(plan.settings.simulation.ray_init_args)
 
 
+def check_client_sizes(sizes: Sequence[int], plan: RunPlan) -> None:
+    """Every client of the scene must hold what the strategy needs of it."""
+    need = entry(plan.strategy.name).min_client_samples
+    if min(sizes) < need:
+        raise ConfigError(f"num_clients={plan.settings.num_clients} is invalid: strategy {plan.strategy.name} needs "
+                          f"at least {need} samples per client, and this scene's smallest client holds "
+                          f"{min(sizes)}; use fewer clients or another partition")
+
+
 def preflight(argv: list[str]) -> list[RunPlan]:
     """Every check of ``sim.py argv`` before any work (no scene, no file or folder, no Ray): the
     overrides read, swept (``-m``) and composed, each job's every value, and its data against the
@@ -91,9 +102,10 @@ def preflight(argv: list[str]) -> list[RunPlan]:
         cfg, _ = with_ground_truth(cfg, words)
         plan = load_run(cfg)
         check_simulation(plan)
-        # The data itself: where it is, its classes, enough samples for every client (nothing written).
-        spec = plan.settings.scene
-        check_dataset_matches(spec, spec.dataset.load())
+        # The data and the scene itself (built in memory, or the file the run would reuse): what the
+        # strategy needs of every client.
+        scene, _, _ = planned_scene(plan.settings.scene, plan.settings.out_dir)
+        check_client_sizes(scene.client_sizes(), plan)
         plans.append(plan)
     return plans
 

@@ -386,19 +386,28 @@ def build_scene(spec: dict[str, Any], dataset: Dataset) -> Scene:
     return Scene(spec, indices, client, noisy.labels, true_labels, noisy.level.astype(np.float64))
 
 
-def prepare_scene(spec: SceneSpec, out_dir: str | Path) -> tuple[Scene, Dataset, bool]:
-    """Build ``<out_dir>/scene.npz`` for ``spec``, or reuse it if made from the same spec.
-
-    Returns the scene, the dataset and whether an existing file was reused. Every check runs
-    before anything is written.
-    """
+def planned_scene(spec: SceneSpec, out_dir: str | Path) -> tuple[Scene, Dataset, bool]:
+    """The scene ``prepare_scene`` would use, writing nothing: the checked ``<out_dir>/scene.npz`` if it
+    exists (made from the same spec), else a fresh build in memory. Returns (scene, dataset, reused),
+    so a command can check what a run needs of its clients before any work."""
     dataset = spec.dataset.load()
     check_dataset_matches(spec, dataset)
     stored = spec.stored(dataset_fingerprint(dataset))
     path = Path(out_dir) / SCENE_FILE
     if path.exists():
         return Scene.load(path, expected_spec=stored), dataset, True
-    scene = build_scene(stored, dataset)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    scene.save(path)
-    return scene, dataset, False
+    return build_scene(stored, dataset), dataset, False
+
+
+def prepare_scene(spec: SceneSpec, out_dir: str | Path) -> tuple[Scene, Dataset, bool]:
+    """Build ``<out_dir>/scene.npz`` for ``spec``, or reuse it if made from the same spec.
+
+    Returns the scene, the dataset and whether an existing file was reused. Every check runs
+    before anything is written.
+    """
+    scene, dataset, reused = planned_scene(spec, out_dir)
+    if not reused:
+        path = Path(out_dir) / SCENE_FILE
+        path.parent.mkdir(parents=True, exist_ok=True)
+        scene.save(path)
+    return scene, dataset, reused

@@ -405,4 +405,5 @@ def _build(settings: FedCorrSettings, env: Environment, rng: np.random.Generator
                    skip_failed=env.skip_failed)
 
 
-STRATEGY = StrategyEntry("fedcorr", _parse, _check, _build)
+# A client's LID compares each prediction with at least one neighbour's.
+STRATEGY = StrategyEntry("fedcorr", _parse, _check, _build, min_client_samples=2)

@@ -246,4 +246,5 @@ def _build(settings: FedDivSettings, env: Environment, rng: np.random.Generator)
                   squared_variances=settings.variance_aggregation == "squared", truth=env.truth)
 
 
-STRATEGY = StrategyEntry("feddiv", _parse, _check, _build)
+# A client's noise filter is a 2-component mixture of its per-sample losses.
+STRATEGY = StrategyEntry("feddiv", _parse, _check, _build, min_client_samples=2)

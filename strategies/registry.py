@@ -40,6 +40,8 @@ class StrategyEntry:
     check: (settings, environment) -> None; checks that need the federation (size, budget).
     build: (settings, environment, rng) -> the strategy.
     round_method: a ``RoundMethod`` when the strategy is round-based (usable as FedCorr's stage 3).
+    min_client_samples: the fewest samples a client may hold (FedCorr's LID needs a neighbour,
+        FedDiv's filter two losses); checked against the scene before the run starts.
     """
 
     name: str
@@ -47,6 +49,7 @@ class StrategyEntry:
     check: Callable[[Any, Environment], None]
     build: Callable[[Any, Environment, np.random.Generator], FederatedStrategy]
     round_method: RoundMethod | None = None
+    min_client_samples: int = 1
 
 
 @dataclass(frozen=True)

@@ -53,6 +53,7 @@ SIM_CASES = [
     ("seed=abc", "seed='abc'"),
     ("num_clients=0", "num_clients=0"),
     ("num_clients=100000", "num_clients=100000"),
+    ("num_clients=1000", "num_clients=1000"),  # FedCorr's LID needs 2 samples; digits' 1437 leave some 1
     ("comm_budget=0", "comm_budget=0"),
     ("ground_truth=maybe", "ground_truth='maybe'"),
     ("logging.tensorboard=maybe", "logging.tensorboard='maybe'"),
@@ -185,6 +186,8 @@ def test_a_valid_command_line_passes_every_check_and_still_writes_nothing(empty_
     plans = sim.preflight([*SMOKE, "-m", "seed=1,2", "strategy=fedavg,fednoro"])
     assert [(p.settings.seed, p.strategy.name) for p in plans] == [(1, "fedavg"), (1, "fednoro"),
                                                                     (2, "fedavg"), (2, "fednoro")]
+    # One-sample clients are fine for FedAvg; FedCorr's LID needs two (the case above).
+    assert sim.preflight([*SMOKE, "strategy=fedavg", "num_clients=1000"])
 
 
 def _ray_sessions() -> set[str]:
