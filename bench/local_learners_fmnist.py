@@ -1,7 +1,7 @@
 """FedLSR's Table 3 on Fashion-MNIST, with LeNet-5: FedAvg with each local learner, and FedCorr.
 
     .venv/bin/python bench/local_learners_fmnist.py [--cells sym0.3 ...] [--seeds 1] [--more-seeds 2 3]
-        [--columns fedavg mixup sce coteaching lsr fedcorr] [--lr 0.03] [--reuse] [-- Hydra overrides ...]
+        [--columns fedavg mixup sce coteaching lsr fedcorr] [--lr 0.03] [--reuse | --report] [-- Hydra overrides ...]
     .venv/bin/python bench/local_learners_fmnist.py --lr-sweep 0.01 0.03 0.1 0.15 [--reuse]
 
 The paper's protocol (experiment=fedlsr_fmnist: 100 IID clients, 5 per round, 100 rounds, E = 5,
@@ -28,7 +28,7 @@ import argparse
 import re
 from typing import Any
 
-from runs import ConfigError, check_all, main_with_clear_errors, run, spread
+from runs import ConfigError, check_all, finished, main_with_clear_errors, run, spread
 
 COLUMNS = ("fedavg", "mixup", "sce", "coteaching", "lsr", "fedcorr")
 CELLS = ("sym0.3", "sym0.5", "sym0.7", "pair0.2", "pair0.4")
@@ -102,8 +102,10 @@ def lr_sweep(rates: list[float], extra: list[str], reuse: bool) -> None:
 
 
 def margin(ours: list[dict[str, Any]], base: list[dict[str, Any]]) -> float:
-    """Mean last-10 accuracy of ``ours`` minus ``base``'s, in points."""
+    """Mean last-10 accuracy of ``ours`` minus ``base``'s, in points (NaN if either has no run)."""
     def mean(payloads: list[dict[str, Any]]) -> float:
+        if not payloads:
+            return float("nan")
         return 100 * sum(p["summary"]["last10_mean_acc"] for p in payloads) / len(payloads)
     return mean(ours) - mean(base)
 
@@ -120,6 +122,8 @@ def main() -> None:
     parser.add_argument("--lr-sweep", nargs="+", type=float, default=None, metavar="LR",
                         help="only run clean FedAvg at these learning rates and print them")
     parser.add_argument("--reuse", action="store_true", help="reuse finished runs with the same config")
+    parser.add_argument("--report", action="store_true",
+                        help="run nothing: print the table of the runs finished so far ('-' for the others)")
     parser.add_argument("overrides", nargs="*", default=[])
     args = parser.parse_args()
     if not args.lr > 0:
@@ -133,13 +137,14 @@ def main() -> None:
              for cell in args.cells}
     planned = {(cell, column, seed): cell_run(cell, column, seed, args.lr, args.overrides)
                for cell in args.cells for seed in seeds[cell] for column in args.columns}
-    check_all(list(planned.values()), args.reuse)
+    check_all(list(planned.values()), args.reuse or args.report)
     # Seed 1 of every cell first, so the table's first row of numbers is complete early.
     order = sorted(planned, key=lambda key: (key[2], args.cells.index(key[0]), args.columns.index(key[1])))
-    done = {key: run(planned[key], args.reuse) for key in order}
+    done = {key: finished(planned[key]) if args.report else run(planned[key], args.reuse) for key in order}
 
     def cell_runs(cell: str, column: str) -> list[dict[str, Any]]:
-        return [done[(cell, column, seed)] for seed in seeds[cell]]
+        """The finished runs of a cell's column (with --report, maybe fewer than its seeds)."""
+        return [payload for seed in seeds[cell] if (payload := done[(cell, column, seed)]) is not None]
 
     print(f"\nFedLSR Table 3 protocol on Fashion-MNIST with LeNet-5 (lr {args.lr}), {BUDGET} client participations "
           "per run; last-10-round mean test accuracy % (best in brackets), mean ± std over the seeds; "
@@ -151,7 +156,7 @@ def main() -> None:
             payloads = cell_runs(cell, column)
             last10 = spread([p["summary"]["last10_mean_acc"] for p in payloads], 100)
             best = spread([p["summary"]["best_acc"] for p in payloads], 100, 1)
-            ours.append(f"{last10} ({best})")
+            ours.append(f"{last10} ({best}) n={len(payloads)}" if payloads else "-")
         print(f"{column:<11} " + " ".join(f"{cell:>26}" for cell in ours))
         if column in PAPER_TABLE_3:
             print(f"{'  paper':<11} " + " ".join(f"{PAPER_TABLE_3[column][cell]:>26.2f}" for cell in args.cells))
@@ -167,7 +172,9 @@ def main() -> None:
 
 
 def fall_from_best(payloads: list[dict[str, Any]]) -> float:
-    """How far FedAvg's last-10 mean sits below its best accuracy, in points (mean over seeds)."""
+    """How far FedAvg's last-10 mean sits below its best accuracy, in points (mean over seeds; NaN: none)."""
+    if not payloads:
+        return float("nan")
     return 100 * sum(p["summary"]["best_acc"] - p["summary"]["last10_mean_acc"] for p in payloads) / len(payloads)
 
 

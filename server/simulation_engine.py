@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import inspect
 import secrets
+import socket
 import tempfile
 import warnings
 from collections.abc import Mapping
@@ -45,12 +46,37 @@ def check_ray_init_args(args: Mapping[str, Any]) -> None:
         if key in _RAY_COUNTS:
             low = OBJECT_STORE_MINIMUM_BYTES if key == "object_store_memory" else 0
             check_int(f"simulation.ray_init_args.{key}", value, low=low)
+    check_ray_address(args.get("address"))
     resources = args.get("resources", {})
     if not isinstance(resources, Mapping) or not all(
             isinstance(amount, (int, float)) and not isinstance(amount, bool) and amount >= 0
             for amount in resources.values()):
         raise InvalidValue("simulation.ray_init_args.resources", resources,
                            "allowed is a mapping of resource names to amounts >= 0")
+
+
+# How long a Ray cluster given by ``address`` may take to accept a connection before the run is refused.
+ADDRESS_TIMEOUT_S = 5.0
+
+
+def check_ray_address(address: object) -> None:
+    """A ``host:port`` (or ``ray://host:port``) cluster address must accept a TCP connection: Ray itself
+    retries an unreachable one for ever, ignoring SIGTERM. ``auto`` / ``local`` / None start or find a
+    local Ray, as ray.init does."""
+    if address is None or address in ("auto", "local"):
+        return
+    key = "simulation.ray_init_args.address"
+    if not isinstance(address, str):
+        raise InvalidValue(key, address, "allowed are auto, local, host:port or ray://host:port")
+    host, _, port = address.removeprefix("ray://").rpartition(":")
+    if not host or not port.isdigit():
+        raise InvalidValue(key, address, "allowed are auto, local, host:port or ray://host:port")
+    try:
+        with socket.create_connection((host, int(port)), timeout=ADDRESS_TIMEOUT_S):
+            pass
+    except OSError as err:
+        raise InvalidValue(key, address, f"a Ray cluster that answers; nothing accepted a connection there within "
+                                         f"{ADDRESS_TIMEOUT_S:.0f} s ({err.strerror or err})") from None
 
 
 def run_simulation_engine(

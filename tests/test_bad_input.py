@@ -70,6 +70,9 @@ SIM_CASES = [
     ("simulation.ray_init_args.foo=1", "simulation.ray_init_args.foo=1"),
     ("+simulation.ray_init_args.foo=1", "simulation.ray_init_args.foo=1"),
     ("+simulation.ray_init_args.num_cpus=abc", "simulation.ray_init_args.num_cpus='abc'"),
+    ("+simulation.ray_init_args.object_store_memory=1", "simulation.ray_init_args.object_store_memory=1"),
+    ("+simulation.ray_init_args.address=127.0.0.1:1", "simulation.ray_init_args.address='127.0.0.1:1'"),
+    ("+simulation.ray_init_args.address=nowhere", "simulation.ray_init_args.address='nowhere'"),
     ("out_dir=", "out_dir=''"),
     ("out_dir=/proc/no-such-run", "out_dir='/proc/no-such-run'"),
     # the scene
@@ -227,3 +230,16 @@ def test_a_runtime_that_fails_to_start_ends_the_process_with_one_error_line(tmp_
     assert done.returncode == 1
     assert done.stderr.strip().splitlines()[-1].startswith(
         "error: the simulation runtime failed: ValueError: Unknown level"), done.stderr[-2000:]
+
+
+def test_a_ray_address_passes_when_something_answers_there():
+    import socket
+
+    from server.simulation_engine import check_ray_address
+
+    with socket.create_server(("127.0.0.1", 0)) as server:
+        port = server.getsockname()[1]
+        check_ray_address(f"127.0.0.1:{port}")
+        check_ray_address(f"ray://127.0.0.1:{port}")
+    for local in (None, "auto", "local"):
+        check_ray_address(local)
