@@ -105,7 +105,7 @@ def preflight(argv: list[str]) -> list[RunPlan]:
         # The data and the scene itself (built in memory, or the file the run would reuse): what the
         # strategy needs of every client.
         scene, _, _ = planned_scene(plan.settings.scene, plan.settings.out_dir)
-        check_client_sizes(scene.client_sizes(), plan)
+        check_client_sizes([int(size) for size in scene.client_sizes()], plan)
         plans.append(plan)
     return plans
 

@@ -47,6 +47,13 @@ class Run:
         return self.payload.get("fedcorr")
 
     @property
+    def method_block(self) -> dict[str, Any] | None:
+        """The block the run's own strategy wrote (``fedcorr``, ``fednoro``, ``feddiv``, ``fedes``), if any:
+        each holds its ``detection`` scored against the truth the same way."""
+        block = self.payload.get(self.strategy)
+        return block if isinstance(block, dict) else None
+
+    @property
     def seed(self) -> Any:
         """The run's seed."""
         return self.config.get("seed")

@@ -89,8 +89,8 @@ def mean_std(values: list[float | None], scale: float = 1.0, digits: int = 2, se
     return f"{statistics.mean(known):.{digits}f}{separator}{statistics.stdev(known):.{digits}f}"
 
 
-def _fedcorr(run: Run, *path: str) -> float | None:
-    value: Any = run.fedcorr
+def _figure(block: dict[str, Any] | None, *path: str) -> float | None:
+    value: Any = block
     for key in path:
         if not isinstance(value, dict):
             return None
@@ -137,8 +137,9 @@ def table_rows(groups: dict[str, list[Run]], target: float) -> list[dict[str, st
             "best %": mean_std([_accuracy(run, "best_acc") for run in runs], 100),
             "final %": mean_std([_accuracy(run, "final_acc") for run in runs], 100),
             "last-10 %": mean_std([_accuracy(run, "last10_mean_acc") for run in runs], 100),
-            "detection F1": mean_std([_fedcorr(run, "detection", "f1") for run in runs], 1, 3),
-            "label noise after s2 %": mean_std([_fedcorr(run, "label_noise", "after_stage2") for run in runs], 100),
+            "detection F1": mean_std([_figure(run.method_block, "detection", "f1") for run in runs], 1, 3),
+            "label noise after s2 %": mean_std([_figure(run.fedcorr, "label_noise", "after_stage2") for run in runs],
+                                               100),
             "rounds to target": mean_std([float(r.round) for r in reached if r.round is not None], 1, 1) + note,
             "comm to target": mean_std([float(r.comm_cost) for r in reached if r.comm_cost is not None], 1, 1) + note,
             "comm vs FedCorr": "-" if cost is None or not reference else f"{cost / reference:.2f}",
