@@ -26,33 +26,18 @@ RunConfig = dict[str, bool | int | float | str]
 _RUN_CONFIG_TYPES = (bool, int, float, str)
 
 
-# ray.init's arguments that hold counts (a string there fails deep inside Ray).
-_RAY_COUNTS = ("num_cpus", "num_gpus", "object_store_memory")
-# Ray refuses a smaller object store (ray._private.ray_constants.OBJECT_STORE_MINIMUM_MEMORY_BYTES),
-# but only once its runtime has started: checked here first.
-OBJECT_STORE_MINIMUM_BYTES = 78_643_200
-
-
 def check_ray_init_args(args: Mapping[str, Any]) -> None:
-    """Every key of ``simulation.ray_init_args`` must be a named argument of ``ray.init``, and its counts
-    whole numbers >= 0. Anything else goes to ray.init's ``**kwargs`` (Ray's internal options), where an
-    unknown key fails only after several tracebacks and leaves the runtime waiting."""
+    """Every key of ``simulation.ray_init_args`` must be a named argument of ``ray.init`` (anything else
+    goes to its ``**kwargs``, Ray's internal options, where an unknown key fails only after several
+    tracebacks and leaves the runtime waiting), and a cluster ``address`` must answer. Their values
+    are checked with the settings (``settings.run.SimulationSettings``)."""
     named = [name for name, parameter in inspect.signature(ray.init).parameters.items()
              if parameter.kind is not inspect.Parameter.VAR_KEYWORD]
     for key, value in args.items():
         if key not in named:
             raise InvalidValue(f"simulation.ray_init_args.{key}", value,
                                f"not an argument of ray.init; allowed are {', '.join(named)}")
-        if key in _RAY_COUNTS:
-            low = OBJECT_STORE_MINIMUM_BYTES if key == "object_store_memory" else 0
-            check_int(f"simulation.ray_init_args.{key}", value, low=low)
     check_ray_address(args.get("address"))
-    resources = args.get("resources", {})
-    if not isinstance(resources, Mapping) or not all(
-            isinstance(amount, (int, float)) and not isinstance(amount, bool) and amount >= 0
-            for amount in resources.values()):
-        raise InvalidValue("simulation.ray_init_args.resources", resources,
-                           "allowed is a mapping of resource names to amounts >= 0")
 
 
 # How long a Ray cluster given by ``address`` may take to accept a connection before the run is refused.

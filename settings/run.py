@@ -83,6 +83,11 @@ class ClientSettings:
         check_fields(self)
 
 
+# Ray refuses a smaller object store (ray._private.ray_constants.OBJECT_STORE_MINIMUM_MEMORY_BYTES),
+# but only once its runtime has started.
+OBJECT_STORE_MINIMUM_BYTES = 78_643_200
+
+
 @dataclass(frozen=True)
 class SimulationSettings:
     """Flower's simulation engine on Ray (``simulation`` in the config).
@@ -102,11 +107,18 @@ class SimulationSettings:
         check_fields(self)
         if not isinstance(self.ray_init_args, dict):
             raise InvalidValue("ray_init_args", self.ray_init_args, "allowed is a mapping of ray.init arguments")
-        # The counts below bound the per-client resources; their keys' names are checked against
-        # ray.init itself where Ray is imported (server.simulation_engine.check_ray_init_args).
-        for key in ("num_cpus", "num_gpus"):
+        # The values Ray would refuse only once its runtime has started. The keys' names (against
+        # ray.init itself) and a cluster address are checked where Ray is imported
+        # (server.simulation_engine.check_ray_init_args).
+        for key, low in (("num_cpus", 0), ("num_gpus", 0), ("object_store_memory", OBJECT_STORE_MINIMUM_BYTES)):
             if key in self.ray_init_args:
-                Integer(low=0).check(f"ray_init_args.{key}", self.ray_init_args[key])
+                Integer(low=low).check(f"ray_init_args.{key}", self.ray_init_args[key])
+        resources = self.ray_init_args.get("resources", {})
+        if not isinstance(resources, dict) or not all(
+                isinstance(amount, (int, float)) and not isinstance(amount, bool) and amount >= 0
+                for amount in resources.values()):
+            raise InvalidValue("ray_init_args.resources", resources,
+                               "allowed is a mapping of resource names to amounts >= 0")
         # Asking for more than Ray has leaves the actor pool empty: Flower then fails only after the
         # ServerApp has started, and nothing can stop it waiting for replies.
         num_cpus = self.ray_init_args.get("num_cpus", os.cpu_count() or 1)

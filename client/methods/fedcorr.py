@@ -21,6 +21,7 @@ from flwr.app import ArrayRecord, Context, RecordDict
 from client.label_state import current_labels, load_local_losses, store_labels, store_local_losses
 from client.node import LocalNode
 from client.plugins import ClientMethod, Trained, plain_train
+from client.truth_counts import split_counts
 from common.seeding import rng_for
 from protocol.fedcorr import METHOD as NAME
 from protocol.fedcorr import CorrectIns, CorrectRes, Diagnostics, LidScore, Stage1Options
@@ -59,10 +60,7 @@ def diagnostics(node: LocalNode, before: np.ndarray, after: np.ndarray,
     known = truth >= 0
     changed = known & (before != after)
     wrong = known & (before != truth)
-    split = {}
-    if noisy is not None:
-        split = {"split_tp": int(np.sum(noisy & wrong)), "split_fp": int(np.sum(noisy & known & ~wrong)),
-                 "split_fn": int(np.sum(~noisy & wrong)), "split_tn": int(np.sum(~noisy & known & ~wrong))}
+    split = split_counts(noisy, wrong, known) if noisy is not None else {}
     classes = node.dataset.num_classes
     return Diagnostics(
         known=int(known.sum()),

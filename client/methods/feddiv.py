@@ -28,6 +28,7 @@ from client.label_state import current_labels
 from client.node import LocalNode
 from client.plugins import ClientMethod, Trained
 from client.state_store import load_record, save_record
+from client.truth_counts import split_counts
 from client.update import local_update
 from common.seeding import rng_for
 from protocol.feddiv import METHOD as NAME
@@ -143,13 +144,10 @@ def diagnostics(truth: np.ndarray, labels: np.ndarray, clean: np.ndarray, relabe
     """The round's split, relabelling and training set against the true labels (where known)."""
     known = truth >= 0
     wrong = known & (labels != truth)
-    flagged = ~clean
     trained_mask = np.zeros(len(labels), dtype=bool)
     trained_mask[trained] = True
     return Diagnostics(
-        known=int(known.sum()), wrong=int(wrong.sum()),
-        split_tp=int(np.sum(flagged & wrong)), split_fp=int(np.sum(flagged & known & ~wrong)),
-        split_fn=int(np.sum(~flagged & wrong)), split_tn=int(np.sum(~flagged & known & ~wrong)),
+        known=int(known.sum()), wrong=int(wrong.sum()), **split_counts(~clean, wrong, known),
         relabeled_correct=int(np.sum(relabeled & known & (train_labels == truth))),
         trained_wrong=int(np.sum(trained_mask & known & (train_labels != truth))),
     )
