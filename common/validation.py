@@ -145,6 +145,31 @@ class Nullable:
             self.inner.check(key, value)
 
 
+@dataclass(frozen=True)
+class PathText:
+    """A non-empty path string (``~`` is expanded where it is used)."""
+
+    def check(self, key: str, value: Any) -> None:
+        """``value`` must be such a string."""
+        if not isinstance(value, str) or not value.strip():
+            raise InvalidValue(key, value, "allowed is a folder path or null")
+
+
+@dataclass(frozen=True)
+class Explained:
+    """``inner``, with the reason for its bounds added to the message."""
+
+    inner: Constraint
+    reason: str
+
+    def check(self, key: str, value: Any) -> None:
+        """``value`` must pass ``inner``; a refusal says why the bound exists."""
+        try:
+            self.inner.check(key, value)
+        except InvalidValue as err:
+            raise InvalidValue(err.key, err.value, f"{err.allowed} ({self.reason})") from None
+
+
 def rule(constraint: Constraint) -> dict[str, Constraint]:
     """Field metadata declaring ``constraint``: ``lr: float = field(metadata=rule(Real(low=0, low_open=True)))``."""
     return {"check": constraint}

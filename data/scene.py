@@ -19,9 +19,9 @@ from typing import Any
 import numpy as np
 
 from common.atomic_files import read_npz, write_npz
-from common.errors import ConfigError, InvalidValue, SceneError
+from common.errors import ConfigError, SceneError
 from common.seeding import rng_for
-from common.validation import Constraint, Flag, Integer, Nullable, check_fields, rule
+from common.validation import Explained, Flag, Integer, Nullable, PathText, check_fields, rule
 from data.noise import NOISE_MODELS, add_noise
 from data.partition import PARTITIONERS, partition
 from data.sources import check_dataset_name, load_dataset
@@ -224,31 +224,6 @@ def spec_differences(stored: dict[str, Any], wanted: dict[str, Any]) -> list[str
 
 
 @dataclass(frozen=True)
-class _PathText:
-    """A non-empty path string (``~`` is expanded where it is used)."""
-
-    def check(self, key: str, value: Any) -> None:
-        """``value`` must be such a string."""
-        if not isinstance(value, str) or not value.strip():
-            raise InvalidValue(key, value, "allowed is a folder path or null")
-
-
-@dataclass(frozen=True)
-class _Explained:
-    """``inner``, with the reason for its bounds added to the message."""
-
-    inner: Constraint
-    reason: str
-
-    def check(self, key: str, value: Any) -> None:
-        """``value`` must pass ``inner``; a refusal says why the bound exists."""
-        try:
-            self.inner.check(key, value)
-        except InvalidValue as err:
-            raise InvalidValue(err.key, err.value, f"{err.allowed} ({self.reason})") from None
-
-
-@dataclass(frozen=True)
 class DatasetSource:
     """Which dataset to load and from where (``conf/dataset/<name>.yaml``).
 
@@ -262,9 +237,9 @@ class DatasetSource:
 
     name: str
     num_classes: int = field(metadata=rule(Integer(low=2)))
-    root: str | None = field(default=None, metadata=rule(Nullable(_PathText())))
+    root: str | None = field(default=None, metadata=rule(Nullable(PathText())))
     download: bool = field(default=False, metadata=rule(Flag()))
-    cache_dir: str | None = field(default=None, metadata=rule(Nullable(_PathText())))
+    cache_dir: str | None = field(default=None, metadata=rule(Nullable(PathText())))
 
     def __post_init__(self) -> None:
         check_dataset_name(self.name)
@@ -307,7 +282,7 @@ class SceneSpec:
     dataset: DatasetSource
     num_clients: int = field(metadata=rule(Integer(low=1)))
     seed: int = field(metadata=rule(
-        _Explained(Integer(low=0, high=MAX_SEED), "the seed feeds scikit-learn's random_state")))
+        Explained(Integer(low=0, high=MAX_SEED), "the seed feeds scikit-learn's random_state")))
     partition: Component = field(default_factory=lambda: Component("iid"))
     noise: Component = field(default_factory=lambda: Component("none"))
 
