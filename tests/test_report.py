@@ -162,3 +162,17 @@ def test_bad_input_is_one_line_and_exit_2(smoke_runs, tmp_path, capsys, args, me
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("error: ") and message.format(**names) in err[0]
     assert not (tmp_path / "r").exists(), "nothing written on bad input"
+
+
+def test_the_detection_column_reads_the_block_of_the_runs_own_method(tmp_path):
+    from reports.runs import Run
+
+    def run(name: str, block: dict) -> Run:
+        config = {"strategy": {"name": name}, "dataset": {"name": "digits"}, "seed": 1}
+        return Run(tmp_path / name, {"config": config, "summary": {"best_acc": 0.9}, "rounds": [], name: block})
+
+    rows = table_rows({"fednoro": [run("fednoro", {"detection": {"f1": 0.75}})],
+                       "fedes": [run("fedes", {"detection": {"f1": 0.5}, "quality_mse": 0.02})],
+                       "fedavg": [run("fedavg", {})]}, target=0.5)
+    assert [row["detection F1"] for row in rows] == ["0.750", "0.500", "-"]
+    assert all(row["label noise after s2 %"] == "-" for row in rows), "FedCorr's own figure"
