@@ -56,7 +56,7 @@ def test_bad_overrides_fail_before_ray_starts(tmp_path):
         ("noise.rho=2", "noise.rho=2 is invalid", 2),
         ("strategy.fraction=0", "strategy.fraction=0 is invalid", 2),
         ("strategy.train.lr=-1", "lr=-1", 2),
-        ("strategy=fedsgd", "fedsgd", 1),  # Hydra itself rejects an unknown group option
+        ("strategy=fedsgd", "strategy='fedsgd' is invalid: allowed are fedavg", 2),  # a group option, before Hydra
     ]:
         start = time.monotonic()
         done = sim("experiment=smoke", "strategy=fedavg", override, f"out_dir={tmp_path}/bad")
