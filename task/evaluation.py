@@ -67,6 +67,11 @@ def _losses(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     return F.cross_entropy(logits, targets, reduction="none")
 
 
+def per_sample_losses(logits: torch.Tensor, labels: np.ndarray) -> np.ndarray:
+    """The cross-entropy of each row of ``logits`` (from ``predict_logits``) against its label, checked."""
+    return _losses(logits, label_tensor(labels, logits.shape[0])).numpy()
+
+
 def loss_and_proba(
     model: nn.Module,
     images: ImageArray,

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 from flwr.app import Array, ArrayRecord, Context
 
 from client.label_state import current_labels
@@ -35,7 +34,7 @@ from protocol.feddiv import METHOD as NAME
 from protocol.feddiv import Diagnostics, FedDivOptions, FedDivReport
 from protocol.messages import TrainIns
 from task.consistency import consistent, debiased_labels, updated_prior
-from task.evaluation import predict_logits
+from task.evaluation import per_sample_losses, predict_logits
 from task.learners.uniform_prior import MixupUniformPrior
 from task.noise_filter import FIXED_FILTER, clean_posterior, fit_filter, min_max
 
@@ -68,10 +67,6 @@ def _logits(model: torch.nn.Module, node: LocalNode) -> torch.Tensor:
     return predict_logits(model, node.data.images, node.eval_transform, device=node.device)
 
 
-def _losses(logits: torch.Tensor, labels: np.ndarray) -> np.ndarray:
-    return F.cross_entropy(logits, torch.from_numpy(labels.astype(np.int64)), reduction="none").numpy()
-
-
 def feddiv_train(node: LocalNode, context: Context, arrays: ArrayRecord, ins: TrainIns,
                  options: FedDivOptions) -> Trained:
     """A warm-up or main-phase round of FedDiv's local work (see the module's docstring)."""
@@ -93,7 +88,7 @@ def feddiv_train(node: LocalNode, context: Context, arrays: ArrayRecord, ins: Tr
     global_logits = _logits(global_model, node)
     probabilities = torch.softmax(global_logits, dim=1).numpy()
     global_labels = probabilities.argmax(axis=1)
-    normalised = min_max(_losses(global_logits, labels))
+    normalised = min_max(per_sample_losses(global_logits, labels))
     start = options.filter
     if start is None:
         start = (FIXED_FILTER if params.filter_init == "fixed"
@@ -128,7 +123,7 @@ def feddiv_train(node: LocalNode, context: Context, arrays: ArrayRecord, ins: Tr
     local_logits = _logits(model, node)
     store_prior(context, node, updated_prior(prior, local_logits, params.momentum, params.xi,
                                              params.prior_confidence))
-    local_filter = fit_filter(min_max(_losses(local_logits, labels)),
+    local_filter = fit_filter(min_max(per_sample_losses(local_logits, labels)),
                               _mixture_seed(options, node, ins.server_round, "filter"), start=start,
                               max_iterations=params.em_iters)
     counts = None
