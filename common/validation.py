@@ -212,7 +212,7 @@ def settings_from_mapping(cls: type[T], cfg: Any, prefix: str, **given: Any) -> 
     kwargs = {**dataclass_kwargs(prefix, {k: v for k, v in cfg.items() if k not in given}, cls), **given}
     missing = [spec.name for spec in fields(cls) if _required(spec) and spec.name not in kwargs]
     if missing:
-        raise ConfigError(f"{prefix}.{missing[0]} is missing: the config must set it")
+        raise ConfigError(f"{prefix}.{missing[0]}=<unset> is invalid: the config must set it")
     try:
         return cls(**kwargs)
     except InvalidValue as err:

@@ -42,6 +42,8 @@ SIM_CASES = [
     ("-m seed=interval(0,1)", "seed=interval(0,1)"),
     ("-m seed=1,2 hydra.sweep.dir=/proc/no-such-sweep", "hydra.sweep.dir='/proc/no-such-sweep'"),
     ("~seed", "~seed"),
+    ("~strategy.train.lr", "strategy.train.lr=<unset>"),
+    ("~strategy.train", "strategy.train=<unset>"),
     ("dataset.transforms.train.crop=-3", "dataset.transforms.train.crop=-3"),
     ("+dataset.transforms.train.crop=-3", "dataset.transforms.train.crop=-3"),
     ("dataset.num_classes=3", "dataset.num_classes=3"),
