@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 import torch
 from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, Metadata, RecordDict
+from omegaconf import OmegaConf
 
 from client.methods.feddyn import load_correction, store_correction, updated_correction
 from common.errors import ConfigError
@@ -14,13 +15,14 @@ from protocol.messages import LOSS, Scores, TrainIns, TrainRes, read_instruction
 from server.config import load_run
 from settings.compose import compose_config
 from strategies.aggregation import coordinate_median
+from strategies.environment import Environment
 from strategies.fedavg import FedAvg
 from strategies.feddyn import FedDyn, feddyn_server_step
 from strategies.federation import Federation
 from strategies.fedmedian import FedMedian
 from strategies.fedprox import FedProx
 from strategies.poc import PowerOfChoice, highest_loss
-from strategies.registry import build_strategy
+from strategies.registry import build_strategy, parse_strategy
 from task.local_training import LocalTraining
 
 pytestmark = pytest.mark.usefixtures("flower_identity")
@@ -275,3 +277,13 @@ def test_each_round_strategy_runs_standalone_over_the_test_grid(run_inprocess, n
     if name == "poc":
         assert payload["poc"] == {"d": 6, "loss_queries": 3 * 6}
         assert grid.delivered_types().count("query.loss") == 3 * 6
+
+
+def test_a_strategy_block_without_a_name_or_a_train_block_is_refused_naming_the_key():
+    block = OmegaConf.to_container(compose_config(["strategy=fedavg"]).strategy, resolve=True)
+    env = Environment(num_clients=10, seed=1)
+    with pytest.raises(ConfigError, match=r"^strategy\.name=<unset> is invalid: the config must name a strategy$"):
+        parse_strategy({k: v for k, v in block.items() if k != "name"}, env)
+    with pytest.raises(ConfigError, match=r"^strategy\.train=<unset> is invalid: the strategy needs its local "
+                                          r"training settings$"):
+        parse_strategy({k: v for k, v in block.items() if k != "train"}, env)
