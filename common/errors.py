@@ -7,12 +7,22 @@ class ConfigError(ValueError):
     """A configuration value is invalid; the message names the value and what is allowed."""
 
 
+class _Unset:
+    """The value of a required setting the config does not give; shown as ``<unset>``."""
+
+    def __repr__(self) -> str:
+        return "<unset>"
+
+
+UNSET = _Unset()
+
+
 class InvalidValue(ConfigError):
     """One value is invalid: ``<key>=<value> is invalid: <allowed>``.
 
     key: the value's dotted name; ``under(prefix)`` re-issues the error at the place the value
         came from (``lr`` checked by a settings class becomes ``strategy.train.lr``).
-    value: the value as given.
+    value: the value as given (``UNSET`` for a required setting that is absent).
     allowed: what would be accepted.
     """
 

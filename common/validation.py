@@ -14,7 +14,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import MISSING, Field, dataclass, fields, is_dataclass
 from typing import Any, Protocol, TypeVar
 
-from common.errors import ConfigError, InvalidValue
+from common.errors import UNSET, ConfigError, InvalidValue
 
 T = TypeVar("T")
 
@@ -212,7 +212,7 @@ def settings_from_mapping(cls: type[T], cfg: Any, prefix: str, **given: Any) -> 
     kwargs = {**dataclass_kwargs(prefix, {k: v for k, v in cfg.items() if k not in given}, cls), **given}
     missing = [spec.name for spec in fields(cls) if _required(spec) and spec.name not in kwargs]
     if missing:
-        raise ConfigError(f"{prefix}.{missing[0]}=<unset> is invalid: the config must set it")
+        raise InvalidValue(f"{prefix}.{missing[0]}", UNSET, "the config must set it")
     try:
         return cls(**kwargs)
     except InvalidValue as err:

@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from common.errors import ConfigError, InvalidValue
+from common.errors import UNSET, ConfigError, InvalidValue
 from common.validation import Integer, dataclass_kwargs, settings_from_mapping
 from strategies.base import FederatedStrategy
 from strategies.environment import Environment
@@ -108,7 +108,7 @@ class RoundMethodSettings:
 def parse_training(cfg: Mapping[str, Any], prefix: str) -> LocalTraining:
     """The ``train`` block of a strategy config as ``LocalTraining``, the learners' options included."""
     if "train" not in cfg:
-        raise ConfigError(f"{prefix}.train=<unset> is invalid: the strategy needs its local training settings")
+        raise InvalidValue(f"{prefix}.train", UNSET, "the strategy needs its local training settings")
     train, key = cfg["train"], f"{prefix}.train"
     if not isinstance(train, Mapping):
         raise InvalidValue(key, train, "a mapping of local training settings")
@@ -190,7 +190,7 @@ class StrategyPlan:
 def parse_strategy(cfg: Mapping[str, Any], env: Environment) -> StrategyPlan:
     """Check the ``strategy`` config block (a plain mapping with ``name``) once, before any work."""
     if "name" not in cfg:
-        raise ConfigError("strategy.name=<unset> is invalid: the config must name a strategy")
+        raise InvalidValue("strategy.name", UNSET, "the config must name a strategy")
     found = entry(cfg["name"])
     settings = found.parse({k: v for k, v in cfg.items() if k != "name"}, "strategy")
     found.check(settings, env)
