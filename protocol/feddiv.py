@@ -19,9 +19,24 @@ from task.noise_filter import NoiseFilter
 METHOD = "feddiv"
 PHASES = ("warmup", "main")
 # Without a global filter yet (the first main round): fit a fresh local 2-component mixture
-# (``local_bootstrap``), or start from ``task.noise_filter.FIXED_FILTER`` (``fixed``).
-FILTER_INITS = ("local_bootstrap", "fixed")
+# (``local_bootstrap``), start from ``task.noise_filter.FIXED_FILTER`` (``fixed``), or from a mixture
+# fitted to uniform random numbers (``code_random``, the released code's).
+FILTER_INITS = ("local_bootstrap", "fixed", "code_random")
 WARMUP_LOSSES = ("mixup", "ce")
+# The loss the filter sees (C4): cross-entropy of the logits (the paper), or of the softmax outputs
+# taken as logits (``softmax_ce``, the released code's double softmax).
+FILTER_LOSSES = ("ce", "softmax_ce")
+# The images the filter's losses are scored on: the evaluation transform, or one random draw of the
+# training augmentation (the released code).
+FILTER_TRANSFORMS = ("eval", "train")
+# Which filter splits a client's samples (Table 5): the global one over every client seen (``all``),
+# over this round's clients only (``round``, "degraded"), or the client's own mixture fitted afresh to
+# the received model's losses (``local``).
+FILTER_SCOPES = ("all", "round", "local")
+# When the consistency sampler re-selects: before every local epoch with the model being trained
+# (``epoch``, the paper), or once per round from de-biased labels kept since the client's previous
+# participation (``cached``, the released code).
+PCS_MODES = ("epoch", "cached")
 
 
 @dataclass(frozen=True)
@@ -38,7 +53,15 @@ class FedDivParams:
         only samples whose de-biased max-probability exceeds it (the released code: 0.85).
     relabel, pcs: Table 5's ablations (False: no relabelling; no consistency sampler).
     warmup_loss: ``mixup`` (main text) | ``ce`` (the supplement).
-    filter_init: ``local_bootstrap`` | ``fixed`` (``FILTER_INITS``).
+    filter_init: ``local_bootstrap`` | ``fixed`` | ``code_random`` (``FILTER_INITS``).
+    filter_loss: ``ce`` | ``softmax_ce``; filter_transform: ``eval`` | ``train`` (C4).
+    filter_scope: ``all`` | ``round`` | ``local`` (``FILTER_SCOPES``; Table 5's filter ablations).
+    pcs_mode: ``epoch`` | ``cached`` (``PCS_MODES``, C6).
+    pcs_code_rules: the released code's selection rules (C7): until a client's 5th main-phase
+        participation it trains on its clean samples only; with delta_hat <= 0.2 on its consistent
+        clean samples only; above, as the paper.
+    bn_extra_pass: the released code's unused forward pass of each un-mixed batch in training mode,
+        which moves batch-norm statistics (C13).
     """
 
     zeta: float = field(default=0.75, metadata=rule(Number(low=0.0, high=1.0)))
@@ -52,6 +75,12 @@ class FedDivParams:
     pcs: bool = field(default=True, metadata=rule(Flag()))
     warmup_loss: str = field(default="mixup", metadata=rule(Choice(WARMUP_LOSSES)))
     filter_init: str = field(default="local_bootstrap", metadata=rule(Choice(FILTER_INITS)))
+    filter_loss: str = field(default="ce", metadata=rule(Choice(FILTER_LOSSES)))
+    filter_transform: str = field(default="eval", metadata=rule(Choice(FILTER_TRANSFORMS)))
+    filter_scope: str = field(default="all", metadata=rule(Choice(FILTER_SCOPES)))
+    pcs_mode: str = field(default="epoch", metadata=rule(Choice(PCS_MODES)))
+    pcs_code_rules: bool = field(default=False, metadata=rule(Flag()))
+    bn_extra_pass: bool = field(default=False, metadata=rule(Flag()))
 
     def __post_init__(self) -> None:
         check_fields(self)

@@ -3,12 +3,14 @@ predictive-consistency sampling.
 
 Warm-up (FedCorr's pre-processing schedule, the released code's): T_wu iterations; each visits every
 client once, one client per round in a seeded random order (omega_wu = 1/N), and the global model
-becomes that client's weights; clients train with mixup (+ eta L_reg) on all their samples.
+becomes that client's weights; clients train with mixup (+ eta L_reg) on all their samples. With
+``warmup_schedule=rounds`` the same participations are ordinary FedAvg rounds of omega N sampled
+clients (the paper's count of T_wu / omega rounds).
 Main phase, T rounds: a uniform sample of omega N clients trains from the global model with the
 global filter (``client/methods/feddiv.py``); the server averages their weights (FedAvg), caches each
 client's returned local filter with its n_k, and the global filter becomes the n_k-weighted average
 of every cached filter (eq. 5): clients that did not train this round still count with the filter
-they sent last.
+they sent last (``filter_scope=round``: only this round's filters, Table 5's "degraded" filter).
 """
 
 from __future__ import annotations
@@ -42,6 +44,9 @@ WARMUP, MAIN = "warmup", "main"
 # How the global filter's variances are averaged: ``linear`` with gamma_k (eq. 5), ``squared`` with
 # gamma_k^2 (the released code; narrower Gaussians).
 VARIANCE_AGGREGATIONS = ("linear", "squared")
+# The warm-up's schedule: one client per round, each once per iteration (``sequential``, the code),
+# or ordinary rounds of omega N sampled clients (``rounds``, T_wu / omega of them as the paper counts).
+WARMUP_SCHEDULES = ("sequential", "rounds")
 
 
 @dataclass(frozen=True)
@@ -55,6 +60,7 @@ class FedDivSettings:
     params: the clients' hyperparameters (``protocol.feddiv.FedDivParams``; flat keys in the config).
     eta: L_reg's weight (None: 1 on a non-IID partition, 0 on IID, as the paper sets it).
     variance_aggregation: ``linear`` (eq. 5) | ``squared`` (the released code).
+    warmup_schedule: ``sequential`` (the released code) | ``rounds`` (the paper's count).
     """
 
     train: LocalTraining
@@ -65,6 +71,7 @@ class FedDivSettings:
     min_clients: int = field(default=1, metadata=rule(Integer(low=1)))
     eta: float | None = field(default=None, metadata=rule(Nullable(Number(low=0.0))))
     variance_aggregation: str = field(default="linear", metadata=rule(Choice(VARIANCE_AGGREGATIONS)))
+    warmup_schedule: str = field(default="sequential", metadata=rule(Choice(WARMUP_SCHEDULES)))
 
     def __post_init__(self) -> None:
         check_fields(self)
@@ -77,9 +84,22 @@ class FedDivSettings:
         return RoundSettings(train=self.train, num_rounds=self.num_rounds, fraction=self.fraction,
                              min_clients=self.min_clients)
 
+    def warmup_rounds(self, num_clients: int) -> int:
+        """The warm-up's rounds: T_wu * N of one client, or enough rounds of omega N clients for as
+        many participations (T_wu / omega when omega N is whole)."""
+        participations = self.warmup_iterations * num_clients
+        if self.warmup_schedule == "sequential":
+            return participations
+        return -(-participations // self.main_rounds().round_size(num_clients))
+
+    def warmup_participations(self, num_clients: int) -> int:
+        """The client participations the warm-up spends."""
+        per_round = 1 if self.warmup_schedule == "sequential" else self.main_rounds().round_size(num_clients)
+        return self.warmup_rounds(num_clients) * per_round
+
     def rounds_under(self, comm_budget: int | None, num_clients: int) -> int:
-        """T, or with a budget the main rounds the warm-up's T_wu * N participations leave."""
-        return self.main_rounds().rounds_under(comm_budget, num_clients, self.warmup_iterations * num_clients,
+        """T, or with a budget the main rounds the warm-up's participations leave."""
+        return self.main_rounds().rounds_under(comm_budget, num_clients, self.warmup_participations(num_clients),
                                                "FedDiv's warm-up")
 
     def client_options(self, iid: bool, seed: int, diagnostics: bool) -> FedDivOptions:
@@ -148,34 +168,39 @@ def _filter_line(f: NoiseFilter) -> str:
 class FedDiv(FedAvg):
     """FedDiv's warm-up and main phase.
 
-    warmup_iterations: T_wu. options: what clients are sent (phase and filter filled in per round).
+    warmup_rounds: the warm-up's rounds; sampled_warmup: each is a sample of ``fraction`` of the
+        clients (``warmup_schedule=rounds``), else one client in a seeded order visiting every client
+        once per iteration.
+    options: what clients are sent (phase and filter filled in per round).
     squared_variances: aggregate the filters' variances with gamma_k^2 (``variance_aggregation``).
+    round_filters: the global filter averages only this round's filters (``filter_scope=round``).
     truth: ground truth, or None. Other arguments: see ``FedAvg`` (``num_rounds``: the main phase's).
     """
 
-    def __init__(self, *, warmup_iterations: int, options: FedDivOptions, squared_variances: bool,
-                 truth: GroundTruth | None, **kwargs: Any) -> None:
+    def __init__(self, *, warmup_rounds: int, sampled_warmup: bool, options: FedDivOptions,
+                 squared_variances: bool, round_filters: bool, truth: GroundTruth | None, **kwargs: Any) -> None:
         super().__init__(**kwargs)
-        self.warmup_iterations = warmup_iterations
+        self.warmup_rounds = warmup_rounds
+        self.sampled_warmup = sampled_warmup
         self.options = options
         self.squared_variances = squared_variances
+        self.round_filters = round_filters
         self.truth = truth
-        self.stage = WARMUP if warmup_iterations else MAIN
-        self._warmup_left = -1  # warm-up rounds still to run; set when the federation is bound
+        self.stage = WARMUP if warmup_rounds else MAIN
+        self._warmup_left = warmup_rounds
         self._order: list[int] = []
         self.cache: dict[int, tuple[NoiseFilter, int]] = {}
         self.global_filter: NoiseFilter | None = None
         self.monitor: FedDivMonitor | None = None
 
     def bind(self, federation: Any) -> None:
-        """Bind the federation; the warm-up visits each client once per iteration."""
+        """Bind the federation and start the monitor."""
         super().bind(federation)
-        self._warmup_left = self.warmup_iterations * len(federation.partition_ids)
         self.monitor = FedDivMonitor(federation.partition_ids, self.options.params.clean_client, self.truth)
 
     def planned_rounds(self) -> int:
-        """T_wu * N warm-up rounds, then T main rounds."""
-        return self.warmup_iterations * len(self.federation.partition_ids) + self.num_rounds
+        """The warm-up's rounds, then T main rounds."""
+        return self.warmup_rounds + self.num_rounds
 
     def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
                         grid: Grid) -> Iterable[Message]:
@@ -184,9 +209,12 @@ class FedDiv(FedAvg):
         ins = TrainIns(server_round, self.train, method=METHOD)
         if self._warmup_left > 0:
             self.stage = WARMUP
-            if not self._order:
-                self._order = [int(pid) for pid in self.rng.permutation(self.federation.partition_ids)]
-            chosen = [self._order.pop(0)]
+            if self.sampled_warmup:
+                chosen = self.select(server_round, arrays, grid)
+            else:
+                if not self._order:
+                    self._order = [int(pid) for pid in self.rng.permutation(self.federation.partition_ids)]
+                chosen = [self._order.pop(0)]
             self._warmup_left -= 1
             options = self.options
         else:
@@ -208,6 +236,8 @@ class FedDiv(FedAvg):
         arrays = super().aggregate(replies)
         if self.stage == MAIN:
             assert self.monitor is not None
+            if self.round_filters:
+                self.cache.clear()
             for pid, reply in replies.items():
                 self.cache[pid] = (reply.extra.filter, reply.result.num_examples)
             cached = [self.cache[pid] for pid in sorted(self.cache)]
@@ -235,15 +265,18 @@ def _check(settings: FedDivSettings, env: Environment) -> None:
     settings.main_rounds().check_for(env.num_clients, None, "strategy")
     if settings.rounds_under(env.comm_budget, env.num_clients) < 1:
         raise ConfigError(f"comm_budget={env.comm_budget} is invalid: too small; FedDiv's warm-up spends "
-                          f"{settings.warmup_iterations * env.num_clients} participations and leaves no main round")
+                          f"{settings.warmup_participations(env.num_clients)} participations and leaves no main "
+                          "round")
 
 
 def _build(settings: FedDivSettings, env: Environment, rng: np.random.Generator) -> FedDiv:
     return FedDiv(num_rounds=settings.rounds_under(env.comm_budget, env.num_clients), fraction=settings.fraction,
                   min_clients=settings.min_clients, train=settings.train, stage=MAIN, rng=rng,
-                  skip_failed=env.skip_failed, warmup_iterations=settings.warmup_iterations,
+                  skip_failed=env.skip_failed, warmup_rounds=settings.warmup_rounds(env.num_clients),
+                  sampled_warmup=settings.warmup_schedule == "rounds",
                   options=settings.client_options(env.iid, env.seed, env.truth is not None),
-                  squared_variances=settings.variance_aggregation == "squared", truth=env.truth)
+                  squared_variances=settings.variance_aggregation == "squared",
+                  round_filters=settings.params.filter_scope == "round", truth=env.truth)
 
 
 # A client's noise filter is a 2-component mixture of its per-sample losses.

@@ -34,6 +34,31 @@ def predict_logits(
             f"transform {transform!r} is invalid for evaluation: "
             "allowed is a BatchTransform built with train=False"
         )
+    return _forward(model, images, transform, None, batch_size, device)
+
+
+def augmented_logits(
+    model: nn.Module,
+    images: ImageArray,
+    transform: BatchTransform,
+    generator: torch.Generator,
+    *,
+    batch_size: int = 256,
+    device: torch.device | str = "cpu",
+) -> torch.Tensor:
+    """Like ``predict_logits`` (eval mode, no gradients) but on a training transform's random
+    augmentation of every image, drawn from ``generator``: the released FedDiv code scores its noise
+    filter's losses this way."""
+    if not isinstance(transform, BatchTransform) or not transform.train:
+        raise ConfigError(
+            f"transform {transform!r} is invalid for augmented scoring: "
+            "allowed is a BatchTransform built with train=True"
+        )
+    return _forward(model, images, transform, generator, batch_size, device)
+
+
+def _forward(model: nn.Module, images: ImageArray, transform: BatchTransform, generator: torch.Generator | None,
+             batch_size: int, device: torch.device | str) -> torch.Tensor:
     check_int("batch_size", batch_size, low=1)
     batches = ImageBatches(images, device)
     model.to(batches.device)
@@ -43,7 +68,7 @@ def predict_logits(
         with torch.inference_mode():
             rows = torch.arange(len(batches), device=batches.device)
             # Kept on the device and concatenated once: one copy to the host instead of one per batch.
-            outputs = [model(transform(batches(chunk))) for chunk in rows.split(batch_size)]
+            outputs = [model(transform(batches(chunk), generator)) for chunk in rows.split(batch_size)]
     finally:
         model.train(was_training)
     return torch.cat(outputs).float().cpu()

@@ -57,6 +57,16 @@ FIXED_FILTER = NoiseFilter(0.25, 0.75, 0.0625, 0.0625, 0.5, 0.5)
 """A filter to start from without any fitted one: means 0.25 / 0.75, sd 0.25, equal weights."""
 
 
+# The released code's first global filter is fitted to random numbers: this many, uniform in [0, 1].
+RANDOM_SAMPLES = 1000
+
+
+def random_filter(seed: int) -> NoiseFilter:
+    """A filter fitted to ``RANDOM_SAMPLES`` uniform numbers in [0, 1] drawn with ``seed`` (the
+    released code's uninformative start: roughly the two halves of the unit interval)."""
+    return fit_filter(np.random.default_rng(seed).uniform(size=RANDOM_SAMPLES), seed)
+
+
 def min_max(values: np.ndarray) -> np.ndarray:
     """``values`` scaled to [0, 1] (all equal: all 0)."""
     values = np.asarray(values, dtype=np.float64)

@@ -1,21 +1,33 @@
 """FedDiv: its maths on hand-computed inputs (the filter's posterior, EM and aggregation, the
-consistency sampler, the local prior, the uniform-prior regulariser), the client's prior across
-recreated client processes, its settings, and whole in-process runs."""
+consistency sampler, the local prior, the uniform-prior regulariser, the filter's two losses, the
+sample selection with and without the released code's rules), the server's filter scope and warm-up
+schedules, the client's state across recreated client processes, its settings, and whole in-process
+runs with the paper's defaults and with the released code's switches."""
 
 from __future__ import annotations
 
 import math
+from dataclasses import asdict
 
 import numpy as np
 import pytest
 import torch
+from flwr.app import Array, ArrayRecord, ConfigRecord
+from torch import nn
 
+from client.methods.feddiv import filter_losses, select
 from common.errors import ConfigError
 from protocol.codec import decode, encode
-from protocol.feddiv import FedDivOptions, FedDivReport
+from protocol.feddiv import FedDivOptions, FedDivParams, FedDivReport
+from protocol.messages import TrainRes
+from strategies.base import TrainReply
+from strategies.feddiv import MAIN, FedDiv
+from strategies.federation import Federation
 from task.consistency import consistent, debiased_labels, updated_prior
-from task.learners.uniform_prior import uniform_prior_penalty
-from task.noise_filter import NoiseFilter, aggregate_filters, clean_posterior, fit_filter, min_max
+from task.learners.base import Batch
+from task.learners.uniform_prior import MixupUniformPrior, uniform_prior_penalty
+from task.local_training import LocalTraining
+from task.noise_filter import NoiseFilter, aggregate_filters, clean_posterior, fit_filter, min_max, random_filter
 
 
 def test_min_max_scales_to_unit_range():
@@ -92,6 +104,117 @@ def test_the_uniform_prior_penalty_is_kl_from_uniform_to_the_mean_prediction():
     assert uniform_prior_penalty(torch.zeros(3, 4)).item() == pytest.approx(0.0, abs=1e-7)
 
 
+def test_the_codes_double_softmax_loss_is_bounded_and_spreads_what_ce_squeezes():
+    # Given label 0 throughout; row 3 is a confident wrong prediction, CE's outlier.
+    logits = torch.tensor([[5.0, 0.0, 0.0], [0.0, 0.0, 0.0], [math.log(2.0), 0.0, -30.0], [-20.0, 20.0, 0.0]])
+    labels = np.array([0, 0, 0, 0])
+    ce = torch.nn.functional.cross_entropy(logits, torch.zeros(4, dtype=torch.long), reduction="none").numpy()
+    np.testing.assert_allclose(filter_losses(logits, labels, "ce"), (ce - ce.min()) / (ce.max() - ce.min()), rtol=1e-5)
+    p = torch.softmax(logits, dim=1).double().numpy()
+    raw = np.log(np.exp(p).sum(axis=1)) - p[:, 0]  # -log softmax(p)_0
+    # Bounded: p_y = 1 gives log(e + 2) - 1, p_y = 0 with one class at 1 gives log(e + 2).
+    assert raw[3] == pytest.approx(math.log(math.e + 2), abs=1e-6)
+    double = filter_losses(logits, labels, "softmax_ce")
+    np.testing.assert_allclose(double, (raw - raw.min()) / (raw.max() - raw.min()), rtol=1e-5)
+    # Row 2 has p_y = 2/3: CE's outlier squeezes it to 0.01, the bounded loss leaves it a quarter of the range.
+    assert filter_losses(logits, labels, "ce")[2] < 0.02 and double[2] > 0.2
+
+
+def test_the_codes_random_start_is_two_halves_of_the_unit_interval_per_seed():
+    f = random_filter(3)
+    assert f.mean_clean == pytest.approx(0.25, abs=0.05) and f.mean_noisy == pytest.approx(0.75, abs=0.05)
+    assert f.weight_clean == pytest.approx(0.5, abs=0.1)
+    assert random_filter(3) == f and random_filter(4) != f
+
+
+# Five samples, given labels 0 1 2 0 1; the global model is confident (0.9, on class 1) about sample 2.
+LABELS = np.array([0, 1, 2, 0, 1])
+PROBS = np.array([[0.6, 0.2, 0.2], [0.1, 0.8, 0.1], [0.05, 0.9, 0.05], [0.4, 0.3, 0.3], [0.3, 0.4, 0.3]])
+
+
+@pytest.mark.parametrize(("params", "clean", "participations", "candidates", "relabeled", "sampler"), [
+    # Eq. 11: clean samples plus confident noisy ones, relabelled; a clean client keeps everything.
+    (FedDivParams(), [1, 1, 0, 0, 1], 0, [0, 1, 2, 4], [2], True),
+    (FedDivParams(), [1, 1, 1, 1, 1], 0, [0, 1, 2, 3, 4], [], False),
+    (FedDivParams(relabel=False), [1, 1, 0, 0, 1], 0, [0, 1, 4], [], True),
+    (FedDivParams(pcs=False), [1, 1, 0, 0, 1], 0, [0, 1, 2, 4], [2], False),
+    # The code's rules: clean samples only before the 5th participation, and while delta_hat <= 0.2.
+    (FedDivParams(pcs_code_rules=True), [1, 1, 0, 0, 1], 4, [0, 1, 4], [], False),
+    (FedDivParams(pcs_code_rules=True), [1, 1, 0, 0, 1], 5, [0, 1, 2, 4], [2], True),
+    (FedDivParams(pcs_code_rules=True), [1, 1, 0, 1, 1], 5, [0, 1, 3, 4], [], True),
+])
+def test_the_selection_follows_eq_11_and_the_codes_rules(params, clean, participations, candidates, relabeled,
+                                                         sampler):
+    chosen = select(params, LABELS, np.array(clean, dtype=bool), PROBS, participations)
+    np.testing.assert_array_equal(chosen.candidates, candidates)
+    np.testing.assert_array_equal(np.flatnonzero(chosen.relabeled), relabeled)
+    assert chosen.sampler is sampler
+    expected = LABELS.copy()
+    expected[relabeled] = 1
+    np.testing.assert_array_equal(chosen.train_labels, expected)
+
+
+def test_the_codes_extra_pass_moves_batch_norm_statistics_and_not_the_loss():
+    from data.transforms import BatchTransform, TransformSpec
+
+    transform = BatchTransform(TransformSpec(), [0.5], [0.5], train=True)
+    images = torch.randint(0, 256, (8, 1, 4, 4), dtype=torch.uint8, generator=torch.Generator().manual_seed(0))
+    results = []
+    for extra in (False, True):
+        torch.manual_seed(0)
+        model = nn.Sequential(nn.Flatten(), nn.Linear(16, 6), nn.BatchNorm1d(6), nn.Linear(6, 3)).train()
+        batch = Batch(images, torch.tensor([0, 1, 2, 0, 1, 2, 0, 1]), transform, torch.Generator().manual_seed(1))
+        loss = MixupUniformPrior(1.0, 0.0, torch.Generator().manual_seed(2), extra_forward=extra)(model, batch)
+        norm = model[2]
+        results.append((float(loss.objective.detach()), norm.running_mean.clone(), int(norm.num_batches_tracked)))
+    (plain_loss, plain_mean, plain_count), (extra_loss, extra_mean, extra_count) = results
+    assert extra_loss == pytest.approx(plain_loss, rel=1e-6)
+    assert (plain_count, extra_count) == (1, 2) and not torch.allclose(plain_mean, extra_mean)
+
+
+TRAINING = LocalTraining(lr=0.01, epochs=1, batch_size=4)
+
+
+def feddiv(**kwargs) -> FedDiv:
+    options = kwargs.pop("options", FedDivOptions(phase="warmup"))
+    strategy = FedDiv(num_rounds=3, fraction=0.5, train=TRAINING, rng=np.random.default_rng(0), options=options,
+                      squared_variances=False, truth=None, **kwargs)
+    strategy.bind(Federation(node_of={pid: 100 + pid for pid in range(4)}, num_examples=dict.fromkeys(range(4), 10)))
+    return strategy
+
+
+def filter_replies(filters: dict[int, NoiseFilter], size: int = 10) -> dict[int, TrainReply]:
+    return {pid: TrainReply(ArrayRecord({"w": Array(np.zeros(2, np.float32))}), TrainRes(size, 0.1, 1),
+                            FedDivReport(filter=f, noise_estimate=0.2, relabeled=0, trained=size))
+            for pid, f in filters.items()}
+
+
+def test_the_global_filter_averages_every_client_seen_or_only_this_rounds():
+    a, b, c = (NoiseFilter(m, m + 0.5, 0.01, 0.02, 0.7, 0.3) for m in (0.1, 0.2, 0.4))
+    for round_only, second in ((False, aggregate_filters([a, b, c], [10.0] * 3)), (True, c)):
+        strategy = feddiv(warmup_rounds=0, sampled_warmup=False, round_filters=round_only)
+        strategy.stage = MAIN
+        strategy.aggregate(filter_replies({0: a, 1: b}))
+        assert strategy.global_filter == aggregate_filters([a, b], [10.0, 10.0])
+        strategy.aggregate(filter_replies({2: c}))
+        assert asdict(strategy.global_filter) == pytest.approx(asdict(second))
+
+
+@pytest.mark.parametrize(("sampled", "sizes"), [(False, [1, 1, 1, 1, 1, 1, 1, 1]), (True, [2, 2, 2, 2])])
+def test_the_warmup_visits_one_client_at_a_time_or_samples_rounds(flower_identity, sampled, sizes):
+    strategy = feddiv(warmup_rounds=len(sizes), sampled_warmup=sampled, round_filters=False)
+    arrays = ArrayRecord({"w": Array(np.zeros(2, np.float32))})
+    visits = []
+    for server_round in range(1, len(sizes) + 1):
+        messages = list(strategy.configure_train(server_round, arrays, ConfigRecord(), None))
+        visits.append(sorted(strategy.federation.partition_of(m.metadata.dst_node_id) for m in messages))
+    assert [len(v) for v in visits] == sizes and strategy.stage == "warmup"
+    if not sampled:  # two iterations, each a permutation of all four clients
+        assert sorted(sum(visits[:4], [])) == sorted(sum(visits[4:], [])) == [0, 1, 2, 3]
+    list(strategy.configure_train(len(sizes) + 1, arrays, ConfigRecord(), None))
+    assert strategy.stage == MAIN and strategy.planned_rounds() == len(sizes) + 3
+
+
 def test_options_and_report_travel_through_the_codec():
     options = FedDivOptions(phase="main", filter=NoiseFilter(0.1, 0.7, 0.01, 0.02, 0.8, 0.2), eta=1.0, seed=3)
     record = encode(options)
@@ -108,6 +231,13 @@ def test_options_and_report_travel_through_the_codec():
     ("strategy.train.learner=sce", r"strategy.train.learner='sce' is invalid: ce: FedDiv's clients"),
     ("strategy.zeta=1.5", r"strategy.zeta=1.5 is invalid"),
     ("strategy.variance_aggregation=cubic", r"strategy.variance_aggregation='cubic' is invalid: allowed are linear"),
+    ("strategy.filter_loss=mse", r"strategy.filter_loss='mse' is invalid: allowed are ce, softmax_ce"),
+    ("strategy.warmup_schedule=random",
+     r"strategy.warmup_schedule='random' is invalid: allowed are sequential, rounds"),
+    ("strategy.pcs_code_rules=maybe", r"strategy.pcs_code_rules='maybe' is invalid"),
+    # As rounds of 3, one warm-up iteration of 10 clients takes 4 rounds: 12 participations.
+    ("comm_budget=13 strategy.warmup_schedule=rounds strategy.fraction=0.3",
+     r"comm_budget=13 is invalid: too small; FedDiv's warm-up spends 12 participations"),
     # smoke: one warm-up iteration of 10 clients, then rounds of 3.
     ("comm_budget=5", r"comm_budget=5 is invalid: too small; FedDiv's warm-up alone spend 10"),
     ("comm_budget=12", r"comm_budget=12 is invalid: too small; FedDiv's warm-up spends 10 participations and "
@@ -148,17 +278,18 @@ def test_a_smoke_run_warms_up_then_filters_and_finds_noisy_clients_better_than_c
     assert block["relabeled"] > 0 and block["relabel_precision"] > 0.5
 
 
-def test_the_local_prior_survives_a_restarted_supernode_and_training_continues_identically(
-        prepared_run, incoming, tmp_path):
-    from flwr.app import ArrayRecord, Context, RecordDict
+@pytest.mark.parametrize("pcs_mode", ["epoch", "cached"])
+def test_the_client_state_survives_a_restarted_supernode_and_training_continues_identically(
+        prepared_run, incoming, tmp_path, pcs_mode):
+    from flwr.app import Context, RecordDict
 
     from client import app as client_app
     from client import node as client_node
-    from client.methods.feddiv import load_prior
+    from client.methods.feddiv import load_state
     from protocol.messages import TrainIns, instruction, read_arrays, read_extra
-    from task.local_training import LocalTraining
 
     overrides, _, arrays = prepared_run("experiment=smoke strategy=feddiv")
+    params = FedDivParams(pcs_mode=pcs_mode)
 
     def context(state_dir) -> Context:
         config = {"partition-id": 4, **({"state-dir": str(state_dir)} if state_dir else {})}
@@ -166,7 +297,8 @@ def test_the_local_prior_survives_a_restarted_supernode_and_training_continues_i
                        run_config={"overrides": overrides})
 
     def train(ctx: Context, server_round: int) -> ArrayRecord:
-        options = FedDivOptions(phase="main", filter=NoiseFilter(0.1, 0.6, 0.01, 0.05, 0.7, 0.3), seed=1)
+        options = FedDivOptions(phase="main", params=params, filter=NoiseFilter(0.1, 0.6, 0.01, 0.05, 0.7, 0.3),
+                                seed=1)
         content = instruction(TrainIns(server_round, LocalTraining(lr=0.05, epochs=2, batch_size=16), method="feddiv"),
                               arrays=arrays, options=options, method="feddiv")
         reply = client_app.train(incoming(content, "train"), ctx)
@@ -176,15 +308,42 @@ def test_the_local_prior_survives_a_restarted_supernode_and_training_continues_i
 
     kept = context(None)
     train(kept, 1)
-    prior = load_prior(kept, client_node.load_node(kept))
-    assert prior.shape == (10,) and prior.sum() == pytest.approx(1.0) and not np.allclose(prior, 0.1)
+    state = load_state(kept, client_node.load_node(kept))
+    assert state.prior.shape == (10,) and state.prior.sum() == pytest.approx(1.0) and not np.allclose(state.prior, 0.1)
+    assert state.participations == 1
+    size = len(client_node.load_node(kept).data.labels)
+    # The cached sampler keeps the trained model's de-biased labels, on the client only.
+    assert (state.debiased is None) if pcs_mode == "epoch" else (state.debiased.shape == (size,))
     expected = train(kept, 2).to_torch_state_dict()
 
     first = context(tmp_path)
     train(first, 1)
     assert [p.relative_to(tmp_path).as_posix() for p in tmp_path.rglob("*.npz")] == [
-        "run-1/partition-4/feddiv-prior.npz"]
-    restarted = context(tmp_path)  # an empty context.state: the prior comes from the disk
-    np.testing.assert_allclose(load_prior(restarted, client_node.load_node(restarted)), prior)
+        "run-1/partition-4/feddiv-state.npz"]
+    restarted = context(tmp_path)  # an empty context.state: the state comes from the disk
+    again_state = load_state(restarted, client_node.load_node(restarted))
+    np.testing.assert_allclose(again_state.prior, state.prior)
+    assert again_state.participations == 1
+    if pcs_mode == "cached":
+        np.testing.assert_array_equal(again_state.debiased, state.debiased)
     again = train(restarted, 2).to_torch_state_dict()
     assert all(torch.equal(again[key], expected[key]) for key in expected)
+
+
+def test_a_smoke_run_with_the_released_codes_switches_runs_its_schedule_and_still_filters(run_inprocess):
+    payload, _ = run_inprocess(
+        "experiment=smoke strategy=feddiv strategy.warmup_iterations=1 strategy.num_rounds=6 strategy.fraction=0.3 "
+        "strategy.warmup_schedule=rounds strategy.filter_loss=softmax_ce strategy.filter_transform=train "
+        "strategy.filter_scope=round strategy.filter_init=code_random strategy.pcs_mode=cached "
+        "strategy.pcs_code_rules=true strategy.bn_extra_pass=true strategy.variance_aggregation=squared "
+        "strategy.em_iters=3 strategy.prior_confidence=0.85 strategy.xi=0.2 strategy.momentum=0.5")
+    # The warm-up as ordinary rounds: ceil(10 / 3) rounds of 3 sampled clients.
+    assert [row["stage"] for row in payload["rounds"]] == ["warmup"] * 4 + ["main"] * 6
+    assert [len(row["clients"]) for row in payload["rounds"]] == [3] * 10
+    assert payload["summary"]["comm_cost"] == 30
+    block = payload["feddiv"]
+    f = block["global_filter"]
+    assert 0.0 <= f["mean_clean"] < f["mean_noisy"] <= 1.0
+    # The code's rules keep relabelling off until a client's 5th main-phase participation, which
+    # 6 rounds of 3 out of 10 clients rarely reach; the filter still finds wrong labels.
+    assert block["sample_split"]["precision"] > block["label_noise"]["given"]

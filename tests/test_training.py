@@ -16,7 +16,7 @@ from common.validation import settings_from_mapping
 from data.client_data import IndexedImages
 from data.transforms import BatchTransform, TransformSpec
 from models import build_model
-from task.evaluation import evaluate, loss_and_proba, predict_proba
+from task.evaluation import augmented_logits, evaluate, loss_and_proba, predict_logits, predict_proba
 from task.local_training import LocalTraining, TrainStats
 from task.training import train_local
 
@@ -259,6 +259,18 @@ def test_evaluation_rejects_a_training_transform_and_bad_labels(local) -> None:
         loss_and_proba(_model(), test_x, np.full(len(test_y), 10), eval_tf)
     with pytest.raises(ConfigError, match="batch_size=0"):
         predict_proba(_model(), test_x, eval_tf, batch_size=0)
+
+
+def test_augmented_scoring_draws_from_its_generator_and_needs_a_training_transform(local, digits) -> None:
+    _, (test_x, _), _, eval_tf = local
+    shifting, model = _shifting(digits), _bn_model()
+    first = augmented_logits(model, test_x, shifting, _gen(1))
+    assert torch.equal(first, augmented_logits(model, test_x, shifting, _gen(1)))
+    assert not torch.equal(first, augmented_logits(model, test_x, shifting, _gen(2)))
+    assert not torch.allclose(first, predict_logits(model, test_x, eval_tf), atol=1e-3)
+    assert model.training  # scored in eval mode, left as it came
+    with pytest.raises(ConfigError, match="train=True"):
+        augmented_logits(model, test_x, eval_tf, _gen(1))
 
 
 def test_training_rejects_bad_labels_before_changing_the_model(local) -> None:

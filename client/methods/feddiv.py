@@ -11,13 +11,17 @@ Warm-up: mixup training (+ eta L_reg) on every sample. Main phase, each round:
 4. training: mixup + eta L_reg (``task.learners.uniform_prior``);
 5. the local prior p_hat moves toward the trained model's mean prediction (client state);
 6. the local filter: EM from the global filter on the trained model's normalised losses.
-Relabels are not kept: each round starts again from the given labels. p_hat (C floats) is the only
-client state, kept with the node's other state (on disk with a ``state-dir``). What leaves the
-client beyond weights: the local filter (6 floats), delta_hat and two counts; ground-truth counts in
+Relabels are not kept: each round starts again from the given labels. The released code's choices
+are switches (``protocol.feddiv.FedDivParams``, docs/feddiv.md). Client state, kept with the node's
+other state (on disk with a ``state-dir``): p_hat (C floats), the main-phase participation count and,
+with ``pcs_mode=cached``, the de-biased labels of the previous participation. What leaves the client
+beyond weights: the local filter (6 floats), delta_hat and two counts; ground-truth counts in
 simulation only.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -31,40 +35,126 @@ from client.truth_counts import split_counts
 from client.update import local_update
 from common.seeding import rng_for
 from protocol.feddiv import METHOD as NAME
-from protocol.feddiv import Diagnostics, FedDivOptions, FedDivReport
+from protocol.feddiv import Diagnostics, FedDivOptions, FedDivParams, FedDivReport
 from protocol.messages import TrainIns
 from task.consistency import consistent, debiased_labels, updated_prior
-from task.evaluation import per_sample_losses, predict_logits
+from task.evaluation import augmented_logits, per_sample_losses, predict_logits
 from task.learners.uniform_prior import MixupUniformPrior
-from task.noise_filter import FIXED_FILTER, clean_posterior, fit_filter, min_max
+from task.noise_filter import FIXED_FILTER, NoiseFilter, clean_posterior, fit_filter, min_max, random_filter
 
-PRIOR_KEY = "feddiv-prior"
+STATE_KEY = "feddiv-state"
+# The released code's selection rules (``pcs_code_rules``, C7): no relabelling or consistency
+# sampling before a client's 5th main-phase participation, and clean samples only up to delta_hat 0.2.
+CODE_RULE_PARTICIPATIONS = 5
+CODE_RULE_CLEAN_ONLY = 0.2
 
 
-def load_prior(context: Context, node: LocalNode) -> np.ndarray:
-    """p_hat: the kept local prior, uniform before the client's first main-phase round."""
-    record = load_record(context, PRIOR_KEY, node.partition_id)
+@dataclass
+class ClientState:
+    """What a FedDiv client keeps between participations.
+
+    prior: p_hat, uniform before the first main-phase round. participations: main-phase rounds done.
+    debiased: the de-biased labels of the last trained model (``pcs_mode=cached`` only), else None.
+    """
+
+    prior: np.ndarray
+    participations: int = 0
+    debiased: np.ndarray | None = None
+
+
+def load_state(context: Context, node: LocalNode) -> ClientState:
+    """The client's kept state, or a fresh one before its first main-phase round."""
+    record = load_record(context, STATE_KEY, node.partition_id)
     classes = node.dataset.num_classes
     if record is None:
-        return np.full(classes, 1.0 / classes)
+        return ClientState(np.full(classes, 1.0 / classes))
     prior = record["prior"].numpy()
     if prior.shape != (classes,):
         raise RuntimeError(f"client state holds a FedDiv prior of shape {prior.shape}; the run has {classes} classes")
-    return prior
+    debiased = record["debiased"].numpy() if "debiased" in record else None
+    return ClientState(prior, int(record["participations"].numpy()[0]), debiased)
 
 
-def store_prior(context: Context, node: LocalNode, prior: np.ndarray) -> None:
-    """Keep p_hat for the client's next participation."""
-    save_record(context, PRIOR_KEY, node.partition_id,
-                ArrayRecord({"prior": Array(np.ascontiguousarray(prior, dtype=np.float64))}))
+def store_state(context: Context, node: LocalNode, state: ClientState) -> None:
+    """Keep the state for the client's next participation."""
+    arrays = {"prior": Array(np.ascontiguousarray(state.prior, dtype=np.float64)),
+              "participations": Array(np.array([state.participations], dtype=np.int64))}
+    if state.debiased is not None:
+        arrays["debiased"] = Array(np.ascontiguousarray(state.debiased, dtype=np.int64))
+    save_record(context, STATE_KEY, node.partition_id, ArrayRecord(arrays))
 
 
-def _mixture_seed(options: FedDivOptions, node: LocalNode, server_round: int, purpose: str) -> int:
-    return int(rng_for(options.seed, f"feddiv-{purpose}/{server_round}/{node.partition_id}").integers(2**31))
+def _mixture_seed(options: FedDivOptions, node: LocalNode | None, server_round: int, purpose: str) -> int:
+    # The code's random start is one filter for every client: its seed names no client.
+    client = "" if node is None else f"/{node.partition_id}"
+    return int(rng_for(options.seed, f"feddiv-{purpose}/{server_round}{client}").integers(2**31))
 
 
 def _logits(model: torch.nn.Module, node: LocalNode) -> torch.Tensor:
     return predict_logits(model, node.data.images, node.eval_transform, device=node.device)
+
+
+def filter_losses(logits: torch.Tensor, labels: np.ndarray, kind: str) -> np.ndarray:
+    """The min-max normalised per-sample losses a filter is fitted to or splits with: cross-entropy
+    of the logits (``ce``), or of the softmax outputs taken as logits (``softmax_ce``: bounded, so one
+    confidently wrong sample cannot squeeze every other loss toward 0)."""
+    scores = torch.softmax(logits, dim=1) if kind == "softmax_ce" else logits
+    return min_max(per_sample_losses(scores, labels))
+
+
+def _scored_losses(model: torch.nn.Module, logits: torch.Tensor, node: LocalNode, labels: np.ndarray,
+                   params: FedDivParams, server_round: int, purpose: str) -> np.ndarray:
+    """The filter's losses of ``model`` (whose evaluation logits are ``logits``)."""
+    if params.filter_transform == "train":
+        logits = augmented_logits(model, node.data.images, node.train_transform,
+                                  node.generator(server_round, f"feddiv-{purpose}"), device=node.device)
+    return filter_losses(logits, labels, params.filter_loss)
+
+
+def _splitting_filter(options: FedDivOptions, node: LocalNode, server_round: int,
+                      normalised: np.ndarray) -> NoiseFilter:
+    """The filter this round's split uses: the global one, or a stand-in (``filter_init``, or every
+    round under ``filter_scope=local``)."""
+    params = options.params
+    if params.filter_scope != "local":
+        if options.filter is not None:
+            return options.filter
+        if params.filter_init == "fixed":
+            return FIXED_FILTER
+        if params.filter_init == "code_random":
+            return random_filter(_mixture_seed(options, None, server_round, "random"))
+    return fit_filter(normalised, _mixture_seed(options, node, server_round, "bootstrap"))
+
+
+@dataclass(frozen=True)
+class Selection:
+    """A round's candidates: the training labels, which samples were relabelled, the candidate
+    rows, and whether the consistency sampler filters them."""
+
+    train_labels: np.ndarray
+    relabeled: np.ndarray
+    candidates: np.ndarray
+    sampler: bool
+
+
+def select(params: FedDivParams, labels: np.ndarray, clean: np.ndarray, probabilities: np.ndarray,
+           participations: int) -> Selection:
+    """Eq. 11's candidates: all samples for a clean client (delta_hat below ``clean_client``); else
+    the clean ones plus the noisy ones the global model is confident about (>= zeta), relabelled with
+    its prediction. Under ``pcs_code_rules`` a noisy client trains on its clean samples only until its
+    5th main-phase participation, and keeps no relabelled ones while delta_hat <= 0.2."""
+    noise_estimate = 1.0 - float(clean.mean())
+    relabeled = np.zeros(len(labels), dtype=bool)
+    train_labels = labels.copy()
+    if noise_estimate < params.clean_client:
+        return Selection(train_labels, relabeled, np.arange(len(labels)), sampler=False)
+    if params.pcs_code_rules and participations < CODE_RULE_PARTICIPATIONS:
+        return Selection(train_labels, relabeled, np.flatnonzero(clean), sampler=False)
+    if params.relabel and not (params.pcs_code_rules and noise_estimate <= CODE_RULE_CLEAN_ONLY):
+        relabeled = ~clean & (probabilities.max(axis=1) >= params.zeta)
+        global_labels = probabilities.argmax(axis=1)
+        train_labels[relabeled] = global_labels[relabeled]
+    return Selection(train_labels, relabeled, np.flatnonzero(clean | relabeled), sampler=params.pcs)
 
 
 def feddiv_train(node: LocalNode, context: Context, arrays: ArrayRecord, ins: TrainIns,
@@ -77,60 +167,57 @@ def feddiv_train(node: LocalNode, context: Context, arrays: ArrayRecord, ins: Tr
     alpha = 0.0 if warmup and params.warmup_loss == "ce" else params.mixup_alpha
 
     def learner(model: torch.nn.Module, generator: torch.Generator) -> MixupUniformPrior:
-        return MixupUniformPrior(alpha, options.eta, generator)
+        return MixupUniformPrior(alpha, options.eta, generator, extra_forward=params.bn_extra_pass)
 
     if warmup:
         model, stats = local_update(node, state, ins.training, ins.server_round, labels=labels, learner=learner)
         return Trained(model, stats)
 
+    server_round = ins.server_round
     global_model = node.model_for_state(state.keys())
     global_model.load_state_dict(state)
     global_logits = _logits(global_model, node)
     probabilities = torch.softmax(global_logits, dim=1).numpy()
     global_labels = probabilities.argmax(axis=1)
-    normalised = min_max(per_sample_losses(global_logits, labels))
-    start = options.filter
-    if start is None:
-        start = (FIXED_FILTER if params.filter_init == "fixed"
-                 else fit_filter(normalised, _mixture_seed(options, node, ins.server_round, "bootstrap")))
+    normalised = _scored_losses(global_model, global_logits, node, labels, params, server_round, "global")
+    start = _splitting_filter(options, node, server_round, normalised)
     clean = clean_posterior(normalised, start) >= 0.5
-    noise_estimate = float(1.0 - clean.mean())
-
-    train_labels = labels.copy()
-    relabeled = np.zeros(len(labels), dtype=bool)
-    sampler = params.pcs and noise_estimate >= params.clean_client
-    if noise_estimate >= params.clean_client:
-        if params.relabel:
-            relabeled = ~clean & (probabilities.max(axis=1) >= params.zeta)
-            train_labels[relabeled] = global_labels[relabeled]
-        candidates = np.flatnonzero(clean | relabeled)
-    else:
-        candidates = np.arange(len(labels))
-    prior = load_prior(context, node)
-    trained_rows = [candidates]
+    kept = load_state(context, node)
+    chosen = select(params, labels, clean, probabilities, kept.participations)
+    trained_rows = [chosen.candidates]
 
     def epoch_rows(epoch: int, model: torch.nn.Module) -> torch.Tensor:
-        rows = candidates
-        if sampler:
-            # In the first epoch the local model is still the global one: its logits are known.
-            logits = global_logits if epoch == 0 else _logits(model, node)
-            rows = consistent(candidates, global_labels, debiased_labels(logits, prior, params.xi))
+        rows = chosen.candidates
+        if chosen.sampler:
+            if params.pcs_mode == "cached" and kept.debiased is not None:
+                local = kept.debiased
+            else:
+                # The first epoch's local model is still the global one, whose logits are known; the
+                # cached sampler without labels from an earlier participation uses them too.
+                fresh = epoch == 0 or params.pcs_mode == "cached"
+                local = debiased_labels(global_logits if fresh else _logits(model, node), kept.prior, params.xi)
+            rows = consistent(rows, global_labels, local)
         trained_rows[0] = rows
         return torch.from_numpy(rows)
 
-    model, stats = local_update(node, state, ins.training, ins.server_round, labels=train_labels,
+    model, stats = local_update(node, state, ins.training, server_round, labels=chosen.train_labels,
                                 learner=learner, epoch_rows=epoch_rows)
     local_logits = _logits(model, node)
-    store_prior(context, node, updated_prior(prior, local_logits, params.momentum, params.xi,
-                                             params.prior_confidence))
-    local_filter = fit_filter(min_max(per_sample_losses(local_logits, labels)),
-                              _mixture_seed(options, node, ins.server_round, "filter"), start=start,
+    store_state(context, node, ClientState(
+        prior=updated_prior(kept.prior, local_logits, params.momentum, params.xi, params.prior_confidence),
+        participations=kept.participations + 1,
+        # The code caches labels de-biased with the prior before this round's update.
+        debiased=debiased_labels(local_logits, kept.prior, params.xi) if params.pcs_mode == "cached" else None))
+    local_filter = fit_filter(_scored_losses(model, local_logits, node, labels, params, server_round, "local"),
+                              _mixture_seed(options, node, server_round, "filter"), start=start,
                               max_iterations=params.em_iters)
     counts = None
     if options.diagnostics and (node.data.true_labels >= 0).any():
-        counts = diagnostics(node.data.true_labels, labels, clean, relabeled, train_labels, trained_rows[0])
-    report = FedDivReport(filter=local_filter, noise_estimate=noise_estimate, relabeled=int(relabeled.sum()),
-                          trained=int(len(trained_rows[0])), diagnostics=counts)
+        counts = diagnostics(node.data.true_labels, labels, clean, chosen.relabeled, chosen.train_labels,
+                             trained_rows[0])
+    report = FedDivReport(filter=local_filter, noise_estimate=float(1.0 - clean.mean()),
+                          relabeled=int(chosen.relabeled.sum()), trained=int(len(trained_rows[0])),
+                          diagnostics=counts)
     return Trained(model, stats, report)
 
 

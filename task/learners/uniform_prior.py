@@ -25,15 +25,21 @@ class MixupUniformPrior(Mixup):
     """Mixup's loss (``task.learners.mixup``) + eta * ``uniform_prior_penalty`` on the mixed batch.
 
     alpha: mixup's Beta(alpha, alpha) (0: no mixing, plain cross-entropy); eta: the regulariser's weight.
+    extra_forward: first pass the un-mixed batch through the model without using the output, as the
+        released FedDiv code does: in training mode it moves batch-norm running statistics.
     """
 
-    def __init__(self, alpha: float, eta: float, generator: torch.Generator) -> None:
+    def __init__(self, alpha: float, eta: float, generator: torch.Generator, extra_forward: bool = False) -> None:
         super().__init__(alpha, generator)
         self.eta = eta
+        self.extra_forward = extra_forward
 
     def __call__(self, model: nn.Module, batch: Batch) -> BatchLoss:
         """The batch's mixed loss plus the regulariser; reports the mixed loss."""
         x = batch.inputs()
+        if self.extra_forward:
+            with torch.no_grad():
+                model(x)
         if self.alpha > 0:
             mix = self.draw(x.shape[0], x.device)
             out = model(mix.inputs(x))
