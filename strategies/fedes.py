@@ -5,7 +5,9 @@ client trains the same way (full participation, methods.md 4.6 D9) and the round
 FedAvg; from the clients' weights the server estimates each client's quality rho_n
 (``strategies.fedes_quality``). The remaining rounds (``segd``): a sample of clients trains with
 selective gradient descent at its own rho_n (client side: ``client/methods/fedes.py``), and the
-server aggregates with NaAgg, weights n_k * rho_k. ``docs/fedes.md`` maps the method to this code.
+server aggregates with NaAgg, weights n_k * rho_k; with ``reestimate_every = r`` every r-th round
+after the first estimation is another estimation round (D8). ``docs/fedes.md`` maps the method to
+this code.
 """
 
 from __future__ import annotations
@@ -20,8 +22,8 @@ from flwr.app import ArrayRecord, ConfigRecord, Message
 from flwr.serverapp import Grid
 
 from common.errors import ConfigError, InvalidValue
-from common.validation import Choice, Flag, Integer, Number, check_fields, rule, settings_from_mapping
-from protocol.fedes import METHOD, SeGdOptions
+from common.validation import Choice, Flag, Integer, Nullable, Number, check_fields, rule, settings_from_mapping
+from protocol.fedes import MASK_SOURCES, METHOD, SeGdOptions
 from protocol.messages import TRAIN, instruction
 from strategies.aggregation import as_numpy, as_record, weighted_average
 from strategies.base import TrainReply
@@ -46,6 +48,19 @@ RHO_SOURCES = ("estimate", "oracle")
 # FedES makes no binary decision; for a detection score comparable with FedCorr's, a client whose
 # estimated rho is below this counts as detected noisy (our reading).
 DETECTION_THRESHOLD = 0.5
+# W_start of a client's CoP (D2): the global model it started from (``global``), or its own upload of
+# the round before the estimation round (``own_upload``; the global model for a client that was not
+# in that round).
+COP_ORIGINS = ("global", "own_upload")
+
+
+def phase_of(server_round: int, s1: int, reestimate_every: int | None) -> str:
+    """The stage of ``server_round``: pretrain up to s1, estimate at s1 + 1 (and every
+    ``reestimate_every`` rounds after it), segd otherwise."""
+    if server_round <= s1:
+        return PRETRAIN
+    since = server_round - (s1 + 1)
+    return ESTIMATE if since == 0 or (reestimate_every and since % reestimate_every == 0) else SEGD
 
 
 @dataclass(frozen=True)
@@ -59,6 +74,9 @@ class FedESSettings:
     aggregation: ``naagg`` | ``fedavg`` (D1). rho_source: ``estimate`` | ``oracle`` (D1).
     mu: the CoP summary, ``gmm`` | ``arithmetic_mean`` (D3). rho_floor: the least rho a client gets (D6).
     mask_params: the parameter set P, ``weights`` | ``all`` (D5). strict_freeze: SeGD's D7 switch.
+    mask: ``dynamic`` | ``static`` (D4). cop_origin: ``global`` | ``own_upload`` (D2).
+    reestimate_every: None estimates rho once; r: every r-th round after it is another estimation
+        round (D8).
     """
 
     train: LocalTraining
@@ -72,6 +90,10 @@ class FedESSettings:
     rho_floor: float = field(default=0.0, metadata=rule(Number(low=0.0, high=1.0)))
     mask_params: str = field(default="weights", metadata=rule(Choice(PARAMETER_SETS)))
     strict_freeze: bool = field(default=False, metadata=rule(Flag()))
+    mask: str = field(default="dynamic", metadata=rule(Choice(MASK_SOURCES)))
+    cop_origin: str = field(default="global", metadata=rule(Choice(COP_ORIGINS)))
+    # 1 would make every later round an estimation round: no SeGD at all.
+    reestimate_every: int | None = field(default=None, metadata=rule(Nullable(Integer(low=2))))
 
     def __post_init__(self) -> None:
         check_fields(self)
@@ -89,14 +111,23 @@ class FedESSettings:
                              min_clients=self.min_clients)
 
     def total_rounds(self, num_clients: int, comm_budget: int | None) -> int:
-        """All rounds: ``num_rounds``, or with a budget s1 + 1 + the SeGD rounds that the pre-training
-        (s1 rounds of m) and the estimation round (all N clients) leave."""
+        """All rounds: ``num_rounds``, or with a budget s1 + 1 + the later rounds that the pre-training
+        (s1 rounds of m) and the estimation round (all N clients) leave, each re-estimation round
+        costing N and each SeGD round m."""
         rounds = self.rounds
         if comm_budget is None:
             return self.num_rounds
-        spent = self.s1 * rounds.round_size(num_clients) + num_clients
-        return self.s1 + 1 + rounds.rounds_under(comm_budget, num_clients, spent,
-                                                 "FedES's pre-training and estimation rounds")
+        size = rounds.round_size(num_clients)
+        spent = self.s1 * size + num_clients
+        later = rounds.rounds_under(comm_budget, num_clients, spent, "FedES's pre-training and estimation rounds")
+        if self.reestimate_every is None:
+            return self.s1 + 1 + later
+        last = self.s1 + 1
+        while True:
+            cost = num_clients if phase_of(last + 1, self.s1, self.reestimate_every) == ESTIMATE else size
+            if spent + cost > comm_budget:
+                return last
+            spent, last = spent + cost, last + 1
 
 
 def naagg_weights(sizes: Sequence[float], rhos: Sequence[float]) -> list[float] | None:
@@ -121,13 +152,15 @@ class FedES(FedAvg):
     parameter_names: the model's trainable parameters (P is chosen among them).
     seed: the run's seed (the GMM's random_state and its subsample).
     truth: the scene's ground truth (the oracle and the quality figures); None without.
-    aggregation, rho_source, mu, rho_floor, mask_params, strict_freeze: see ``FedESSettings``.
+    aggregation, rho_source, mu, rho_floor, mask_params, strict_freeze, mask, cop_origin,
+    reestimate_every: see ``FedESSettings``.
     Other arguments: see ``FedAvg``.
     """
 
     def __init__(self, *, s1: int, parameter_names: Collection[str], seed: int, truth: GroundTruth | None = None,
                  aggregation: str = "naagg", rho_source: str = "estimate", mu: str = "gmm", rho_floor: float = 0.0,
-                 mask_params: str = "weights", strict_freeze: bool = False, **kwargs: Any) -> None:
+                 mask_params: str = "weights", strict_freeze: bool = False, mask: str = "dynamic",
+                 cop_origin: str = "global", reestimate_every: int | None = None, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         if not parameter_names:
             raise ConfigError("FedES needs the model's parameter names; none were given")
@@ -144,24 +177,32 @@ class FedES(FedAvg):
         self.rho_floor = rho_floor
         self.mask_params = mask_params
         self.strict_freeze = strict_freeze
+        self.mask = mask
+        self.cop_origin = cop_origin
+        self.reestimate_every = reestimate_every
         self.estimate: QualityEstimate | None = None
         self.estimated_at: int | None = None
+        self.estimation_rounds: list[int] = []
+        self.previous_uploads: dict[int, dict[str, np.ndarray]] = {}  # cop_origin=own_upload only
         self.rho_sent: dict[int, float] = {}  # what SeGD and NaAgg use, per client
         self.naagg_fallbacks = 0
         self._round = 0
 
     def summary(self) -> None:
         """Log the three phases' rounds and the switches."""
-        log.info("FedES: %d pre-training rounds, estimation at round %d, %d SeGD rounds; fraction=%s, "
-                 "aggregation=%s, rho_source=%s, mu=%s, rho_floor=%s, mask_params=%s, strict_freeze=%s, train=%s",
-                 self.s1, self.s1 + 1, self.num_rounds - self.s1 - 1, self.fraction, self.aggregation,
-                 self.rho_source, self.mu, self.rho_floor, self.mask_params, self.strict_freeze, self.train)
+        log.info("FedES: %d pre-training rounds, estimation at round %d (again every %s rounds), %d rounds in "
+                 "all; fraction=%s, aggregation=%s, rho_source=%s, mu=%s, rho_floor=%s, mask_params=%s, "
+                 "strict_freeze=%s, mask=%s, cop_origin=%s, train=%s", self.s1, self.s1 + 1, self.reestimate_every,
+                 self.num_rounds, self.fraction, self.aggregation, self.rho_source, self.mu, self.rho_floor,
+                 self.mask_params, self.strict_freeze, self.mask, self.cop_origin, self.train)
 
     def phase(self, server_round: int) -> str:
-        """The stage of ``server_round``: pretrain up to s1, estimate at s1 + 1, segd after."""
-        if server_round <= self.s1:
-            return PRETRAIN
-        return ESTIMATE if server_round == self.s1 + 1 else SEGD
+        """The stage of ``server_round`` (``phase_of``)."""
+        return phase_of(server_round, self.s1, self.reestimate_every)
+
+    def segd_options(self, rho: float) -> SeGdOptions:
+        """What a client trains with at ``rho``."""
+        return SeGdOptions(rho=rho, mask_params=self.mask_params, strict_freeze=self.strict_freeze, mask=self.mask)
 
     def rho_of(self, pid: int) -> float:
         """The rho client ``pid`` trains and is weighted with (1 for a client never estimated, D9)."""
@@ -174,19 +215,25 @@ class FedES(FedAvg):
         self._round, self.stage, self.global_arrays = server_round, self.phase(server_round), arrays
         ins = self.train_instruction(server_round)
         if self.stage == ESTIMATE:
-            content = instruction(ins, arrays=arrays)
+            # Plain training; with the static mask every client also keeps its update's CoP.
+            content = (instruction(replace(ins, method=METHOD), arrays=arrays, method=METHOD,
+                                   options=replace(self.segd_options(1.0), keep_cop=True))
+                       if self.mask == "static" else instruction(ins, arrays=arrays))
             return self.messages(dict.fromkeys(self.federation.partition_ids, content), TRAIN)
         chosen = self.select(server_round, arrays, grid)
         if self.stage == PRETRAIN:
             content = instruction(ins, arrays=arrays)
             return self.messages(dict.fromkeys(chosen, content), TRAIN)
         segd = replace(ins, method=METHOD)
-        return self.messages({pid: instruction(segd, arrays=arrays, method=METHOD, options=SeGdOptions(
-            rho=self.rho_of(pid), mask_params=self.mask_params, strict_freeze=self.strict_freeze))
-            for pid in chosen}, TRAIN)
+        return self.messages({pid: instruction(segd, arrays=arrays, method=METHOD,
+                                               options=self.segd_options(self.rho_of(pid)))
+                              for pid in chosen}, TRAIN)
 
     def aggregate(self, replies: dict[int, TrainReply]) -> ArrayRecord:
-        """FedAvg, estimating rho after the estimation round; NaAgg in the SeGD rounds."""
+        """FedAvg, estimating rho after an estimation round; NaAgg in the SeGD rounds."""
+        if self.cop_origin == "own_upload" and self.phase(self._round + 1) == ESTIMATE:
+            # D2's other reading: the next estimation measures each update from the client's own upload now.
+            self.previous_uploads = {pid: as_numpy(reply.arrays) for pid, reply in replies.items()}
         if self.stage == SEGD and self.aggregation == "naagg":
             weights = naagg_weights(example_counts(replies), [self.rho_of(pid) for pid in replies])
             if weights is not None:
@@ -201,14 +248,17 @@ class FedES(FedAvg):
 
     def _estimate(self, replies: Mapping[int, TrainReply], aggregate: ArrayRecord) -> None:
         """Estimate the rho of every client that answered the estimation round, from its weights
-        (W_start: the global model it started from, D2)."""
+        (W_start: the global model it started from, or its own upload of the round before, D2)."""
         assert self.global_arrays is not None
         start = as_numpy(self.global_arrays)
         names = parameter_set(start, self.parameter_names, self.mask_params)
         self.estimate = estimate_quality(
             start, {pid: as_numpy(reply.arrays) for pid, reply in replies.items()}, as_numpy(aggregate), names,
-            estimator=self.mu, seed=self.seed, floor=self.rho_floor)
+            estimator=self.mu, seed=self.seed, floor=self.rho_floor,
+            client_starts=self.previous_uploads if self.cop_origin == "own_upload" else None)
+        self.previous_uploads = {}
         self.estimated_at = self._round
+        self.estimation_rounds.append(self._round)
         self.rho_sent = self._oracle() if self.rho_source == "oracle" else dict(self.estimate.rho)
         missing = sorted(set(self.federation.partition_ids) - set(replies))
         if missing:
@@ -258,6 +308,9 @@ class FedES(FedAvg):
         estimate = self.estimate
         block: dict[str, Any] = {
             "estimated_at": self.estimated_at,
+            "estimation_rounds": self.estimation_rounds,
+            "mask": self.mask,
+            "cop_origin": self.cop_origin,
             "rho_source": self.rho_source,
             "aggregation": self.aggregation,
             "naagg_fallbacks": self.naagg_fallbacks,
@@ -296,7 +349,8 @@ def _build(settings: FedESSettings, env: Environment, rng: np.random.Generator) 
                  skip_failed=env.skip_failed, s1=settings.s1, parameter_names=env.parameter_names, seed=env.seed,
                  truth=env.truth, aggregation=settings.aggregation, rho_source=settings.rho_source, mu=settings.mu,
                  rho_floor=settings.rho_floor, mask_params=settings.mask_params,
-                 strict_freeze=settings.strict_freeze)
+                 strict_freeze=settings.strict_freeze, mask=settings.mask, cop_origin=settings.cop_origin,
+                 reestimate_every=settings.reestimate_every)
 
 
 STRATEGY = StrategyEntry("fedes", _parse, _check, _build)

@@ -1,7 +1,7 @@
 """FedES's quality estimate from the estimation round's weights (methods.md 4.2), in NumPy.
 
 For the parameter set P (``task.critical_parameters``, the rule SeGD uses too), with W_start the
-global model the clients started from (D2):
+global model the clients started from, or per client its own upload of the round before (D2):
 
 - criticality of parameters (CoP): g = |(W_after - W_start) * W_start| over P, flattened; one g_n
   per client and g_s for the round's FedAvg;
@@ -112,17 +112,21 @@ def estimate_quality(
     estimator: str,
     seed: int,
     floor: float = 0.0,
+    client_starts: Mapping[int, Mapping[str, np.ndarray]] | None = None,
 ) -> QualityEstimate:
     """The quality rho of every client from the round's states: ``start`` (W_start), ``clients`` (partition id ->
-    its trained state) and their ``aggregate``, over the arrays ``names`` (P). One client's CoP at a
-    time, so memory stays at a few copies of P whatever the federation's size."""
+    its trained state) and their ``aggregate``, over the arrays ``names`` (P). ``client_starts``: a
+    client's own W_start in its CoP (D2's other reading; ``start`` for the clients it lacks; the
+    global CoP always uses ``start``). One client's CoP at a time, so memory stays at a few copies of
+    P whatever the federation's size."""
     origin = flat(start, names)
     global_cop = criticality(flat(aggregate, names), origin)
     mu_global = cop_summary(global_cop, estimator, seed)
     distances: dict[int, float] = {}
     mus: dict[int, float] = {}
     for pid, state in clients.items():
-        cop = criticality(flat(state, names), origin)
+        own = (client_starts or {}).get(pid)
+        cop = criticality(flat(state, names), origin if own is None else flat(own, names))
         mus[pid] = cop_summary(cop, estimator, seed)
         distances[pid] = signed_distance(mus[pid], mu_global, wasserstein_1d(cop, global_cop))
     return QualityEstimate(distances, mus, min_max_quality(distances, floor), mu_global)

@@ -20,11 +20,12 @@ from settings.compose import compose_config
 from strategies import fedes_quality
 from strategies.base import TrainReply
 from strategies.federation import Federation
-from strategies.fedes import ESTIMATE, SEGD, FedES, naagg_weights, spearman
+from strategies.fedes import ESTIMATE, PRETRAIN, SEGD, FedES, naagg_weights, phase_of, spearman
 from strategies.fedes_quality import (
     cop_summary,
     criticality,
     estimate_quality,
+    flat,
     min_max_quality,
     parameter_set,
     signed_distance,
@@ -33,7 +34,7 @@ from strategies.fedes_quality import (
 from strategies.registry import build_strategy
 from task.critical_parameters import in_parameter_set
 from task.local_training import LocalTraining
-from task.selective_gradient import critical_mask, selective_gradient
+from task.selective_gradient import critical_mask, selective_gradient, update_criticality
 
 TRAINING = LocalTraining(lr=0.05, epochs=1, batch_size=16)
 
@@ -95,6 +96,11 @@ def test_estimate_on_two_clients_by_hand():
     assert estimate.distance == pytest.approx({0: 0.45, 1: -0.45})
     assert estimate.mu == pytest.approx({0: 1.0, 1: 0.1}) and estimate.mu_global == pytest.approx(0.55)
     assert estimate.rho == {0: 1.0, 1: 0.0}
+    # D2's other reading: client 0 measured from its own upload, which it did not change: CoP 0,
+    # EMD to the global CoP 0.55 with the sign -, below client 1's -0.45.
+    own = estimate_quality(start, {0: clean, 1: noisy}, aggregate, names, estimator="arithmetic_mean", seed=1,
+                           client_starts={0: clean})
+    assert own.distance == pytest.approx({0: -0.55, 1: -0.45}) and own.rho == {0: 0.0, 1: 1.0}
 
 
 def test_spearman_of_ranks():
@@ -171,6 +177,31 @@ def masked_step(strict_freeze: bool) -> tuple[torch.Tensor, torch.Tensor, torch.
     return before.flatten(), model.weight.detach().flatten(), kept
 
 
+def test_the_static_mask_keeps_the_top_of_a_fixed_ranking_whatever_the_gradient():
+    model = two_layers([[[1.0, -5.0], [3.0, 0.5]], [[4.0, 3.5]]])
+    # P = the two weight matrices (6 entries); k = 3 of the fixed ranking: entries 0, 3 and 5.
+    fixed = torch.tensor([9.0, 1.0, 2.0, 8.0, 0.0, 7.0])
+    adjust = selective_gradient(model, rho=0.5, fixed_criticality=fixed)
+    adjust()
+    assert grads(model) == [[0.5, 0.0, 0.0, 0.25], [7.0, 7.0], [0.0, 1.75], [7.0]]
+    with pytest.raises(ValueError, match=r"one value per entry of P, \(6,\)"):
+        selective_gradient(model, rho=0.5, fixed_criticality=torch.ones(5))
+
+
+def test_the_clients_cop_is_the_servers_for_the_same_update():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(3, 2), nn.Linear(2, 1))
+    start = {name: value.clone() for name, value in model.state_dict().items()}
+    with torch.no_grad():
+        for param in model.parameters():
+            param.add_(torch.randn_like(param))
+    after = {name: value.numpy() for name, value in model.state_dict().items()}
+    before = {name: value.numpy() for name, value in start.items()}
+    names = parameter_set(before, [name for name, _ in model.named_parameters()], "weights")
+    np.testing.assert_allclose(update_criticality(model, start, "weights").numpy(),
+                               criticality(flat(after, names), flat(before, names)), rtol=1e-6)
+
+
 def test_strict_freeze_keeps_masked_weights_where_momentum_would_move_them():
     before, after, kept = masked_step(strict_freeze=False)
     assert (after != before).all(), "released code: momentum and weight decay move masked weights"
@@ -227,6 +258,32 @@ def test_the_estimation_round_asks_everyone_and_segd_sends_each_client_its_rho(f
         assert read_options(message.content, METHOD, SeGdOptions).rho == {0: 0.25, 1: 0.5, 2: 0.75, 3: 1.0}[pid]
 
 
+def test_own_upload_measures_each_update_from_the_clients_upload_before_and_static_keeps_cops(flower_identity):
+    strategy = fedes(mu="arithmetic_mean", cop_origin="own_upload", mask="static")
+    start = ArrayRecord({"w": Array(np.ones((2, 2), np.float32))})
+    list(strategy.configure_train(1, start, ConfigRecord(), None))
+    uploads = replies({0: 2.0, 1: 3.0}, {0: 10, 1: 10})
+    after_one = strategy.aggregate(uploads)  # round s1 = 1: the uploads are kept for the estimation
+    assert sorted(strategy.previous_uploads) == [0, 1]
+    messages = list(strategy.configure_train(2, after_one, ConfigRecord(), None))
+    options = [read_options(m.content, METHOD, SeGdOptions) for m in messages]
+    assert len(options) == 4 and all(o.rho == 1.0 and o.keep_cop and o.mask == "static" for o in options)
+    trained = replies({0: 2.5, 1: 4.0, 2: 3.0, 3: 3.5}, dict.fromkeys(range(4), 10))
+    aggregate = strategy.aggregate(trained)
+    own = {pid: fedes_quality.flat(as_arrays(reply), ["w"]) for pid, reply in uploads.items()}
+    expected = estimate_quality({"w": np.full((2, 2), 2.5)}, {pid: as_arrays(r) for pid, r in trained.items()},
+                                {"w": aggregate["w"].numpy()}, ["w"], estimator="arithmetic_mean", seed=1,
+                                client_starts={pid: {"w": value.reshape(2, 2)} for pid, value in own.items()})
+    assert strategy.estimate.distance == pytest.approx(expected.distance) and strategy.previous_uploads == {}
+    segd = [read_options(m.content, METHOD, SeGdOptions) for m in strategy.configure_train(3, aggregate,
+                                                                                          ConfigRecord(), None)]
+    assert segd and all(o.mask == "static" and not o.keep_cop for o in segd)
+
+
+def as_arrays(reply: TrainReply) -> dict[str, np.ndarray]:
+    return {name: array.numpy() for name, array in reply.arrays.items()}
+
+
 def test_the_oracle_needs_ground_truth_and_is_refused_with_the_config():
     with pytest.raises(InvalidValue, match="strategy.rho_source='oracle' is invalid: allowed is estimate without"):
         fedes(rho_source="oracle")
@@ -243,8 +300,10 @@ def test_segd_options_round_trip_through_the_protocol():
     options = SeGdOptions(rho=0.25, mask_params="all", strict_freeze=True)
     content = instruction(TrainIns(5, TRAINING, method=METHOD), options=options, method=METHOD)
     assert read_options(content, METHOD, SeGdOptions) == options
-    assert dict(content[METHOD]) == {"rho": 0.25, "mask-params": "all", "strict-freeze": True}
-    bad = RecordDict({METHOD: ConfigRecord({"rho": 1.5, "mask-params": "weights", "strict-freeze": False})})
+    assert dict(content[METHOD]) == {"rho": 0.25, "mask-params": "all", "strict-freeze": True, "mask": "dynamic",
+                                     "keep-cop": False}
+    bad = RecordDict({METHOD: ConfigRecord({"rho": 1.5, "mask-params": "weights", "strict-freeze": False,
+                                            "mask": "dynamic", "keep-cop": False})})
     with pytest.raises(ProtocolError, match="key 'rho' is invalid: allowed is a number >= 0.0 and <= 1.0"):
         read_options(bad, METHOD, SeGdOptions)
 
@@ -266,6 +325,9 @@ SMOKE = ["experiment=smoke", "strategy=fedes"]
     (["strategy.strict_freeze=maybe"], r"^strategy.strict_freeze='maybe' is invalid: allowed is true or false$"),
     (["comm_budget=18"], r"^comm_budget=18 is invalid: too small; FedES's pre-training and estimation rounds "
                          r"alone spend 19 client participations$"),
+    (["strategy.mask=random"], r"^strategy.mask='random' is invalid: allowed are dynamic, static$"),
+    (["strategy.cop_origin=mine"], r"^strategy.cop_origin='mine' is invalid: allowed are global, own_upload$"),
+    (["strategy.reestimate_every=1"], r"^strategy.reestimate_every=1 is invalid: allowed is"),
 ])
 def test_bad_settings_are_one_line_naming_the_key(overrides, message):
     with pytest.raises(ConfigError, match=message) as caught:
@@ -281,6 +343,19 @@ def test_a_budget_pays_pretraining_and_estimation_first():
 
     # smoke: 3 of 10 clients per round; s1 = 3 rounds (9) + the estimation round (10) = 19.
     assert total(19) == 4 and total(37) == 10 and total(39) == 10
+
+
+def test_reestimation_rounds_recur_and_cost_every_client():
+    assert [phase_of(r, 3, None) for r in range(1, 9)] == [PRETRAIN] * 3 + [ESTIMATE] + [SEGD] * 4
+    assert [phase_of(r, 3, 3) for r in range(1, 11)] == [PRETRAIN] * 3 + [ESTIMATE, SEGD, SEGD] * 2 + [ESTIMATE]
+
+    def total(budget: int) -> int:
+        plan = load_run(compose_config([*SMOKE, "strategy.reestimate_every=3", f"comm_budget={budget}"]))
+        return build_strategy(plan.strategy, plan.environment(parameter_names=("w",)),
+                              np.random.default_rng(0)).planned_rounds()
+
+    # Rounds 4 (10), 5 and 6 (3 each), 7 (10), 8 (3): 19, 22, 25, 35, 38 participations.
+    assert [total(b) for b in (19, 24, 25, 34, 35, 38)] == [4, 5, 6, 6, 7, 8]
 
 
 # --- client and a whole run ------------------------------------------------------------------------
@@ -317,6 +392,29 @@ def test_the_client_trains_at_rho_zero_and_returns_weights_and_stats_only(smoke_
         assert moved > 0.99 * size
 
 
+def test_the_static_mask_trains_only_the_top_of_the_clients_own_estimation_cop(smoke_run, incoming, node_context):
+    overrides, _, arrays = smoke_run
+    context = node_context(overrides, 3)
+
+    def train(options: SeGdOptions, start: ArrayRecord) -> ArrayRecord:
+        content = instruction(TrainIns(1, TRAINING, method=METHOD), arrays=start, options=options, method=METHOD)
+        return client_app.train(incoming(content, "train"), context).content["arrays"]
+
+    with pytest.raises(RuntimeError, match="client 3 has no CoP from an estimation round"):
+        train(SeGdOptions(rho=0.25, mask="static"), arrays)
+    estimated = train(SeGdOptions(rho=1.0, mask="static", keep_cop=True), arrays)
+    before = {name: value.numpy() for name, value in arrays.items()}
+    after = {name: value.numpy() for name, value in estimated.items()}
+    names = [name for name, value in before.items() if value.ndim >= 2]
+    kept = context.state.array_records["fedes-cop"]["cop"].numpy()
+    np.testing.assert_allclose(kept, criticality(flat(after, names), flat(before, names)), rtol=1e-5, atol=1e-12)
+    # SeGD at rho 1/4 from the estimated model: only entries among the kept CoP's top quarter move.
+    segd = train(SeGdOptions(rho=0.25, mask="static"), estimated)
+    moved = flat({n: v.numpy() for n, v in segd.items()}, names) != flat(after, names)
+    top = critical_mask(torch.from_numpy(kept), 0.25).numpy()
+    assert moved.any() and not (moved & ~top).any()
+
+
 def test_a_smoke_run_estimates_rho_that_ranks_clean_above_noisy(run_inprocess):
     payload, grid = run_inprocess(" ".join(SMOKE))
     rounds = payload["rounds"]
@@ -337,3 +435,15 @@ def test_a_smoke_run_estimates_rho_that_ranks_clean_above_noisy(run_inprocess):
     assert block["quality_spearman"] > 0.5 and block["quality_mse"] < 0.1
     assert block["detection_threshold"] == 0.5 and set(block["detected_noisy_clients"]) <= noisy
     assert payload["complete"] and payload["summary"]["best_acc"] > 0.5
+
+
+def test_a_smoke_run_with_reestimation_static_masks_and_own_uploads_follows_its_schedule(run_inprocess):
+    payload, _ = run_inprocess(" ".join([*SMOKE, "strategy.reestimate_every=3", "strategy.mask=static",
+                                         "strategy.cop_origin=own_upload"]))
+    rounds = payload["rounds"]
+    assert [row["stage"] for row in rounds] == ["pretrain"] * 3 + ["estimate", "segd", "segd"] * 2 + ["estimate"]
+    assert [row["comm_cost"] for row in rounds] == [3, 6, 9, 19, 22, 25, 35, 38, 41, 51]
+    block = payload["fedes"]
+    assert block["estimation_rounds"] == [4, 7, 10] and block["estimated_at"] == 10
+    assert block["mask"] == "static" and block["cop_origin"] == "own_upload"
+    assert sorted(block["rho"], key=int) == [str(pid) for pid in range(10)] and payload["complete"]
