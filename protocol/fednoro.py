@@ -2,9 +2,10 @@
 
 - ``train`` with method ``fednoro`` and ``FedNoRoOptions``: local training with the logit-adjusted
   loss; a client the server flagged noisy also distils the global model with weight ``kd_weight``.
-- ``query.class_loss`` (arrays: the warmed-up global model) -> ``ClassLosses``: the model's mean
-  cross-entropy per class of the client's given labels, and how many samples each class has. One
-  C-vector of floats and one of counts, once per run: never per-sample values or labels.
+- ``query.class_loss`` (arrays: the warmed-up global model; config: ``ClassLossQuery``) ->
+  ``ClassLosses``: the model's mean cross-entropy per class of the client's given labels, and how
+  many samples each class has. One C-vector of floats and one of counts per detection (once per run
+  by default): never per-sample values or labels.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from dataclasses import dataclass, field
 
 from flwr.app import MessageType
 
-from common.validation import Choice, Flag, Number, check_fields, rule
+from common.validation import Choice, Flag, Integer, Number, check_fields, rule
 
 METHOD = "fednoro"
 CLASS_LOSS = f"{MessageType.QUERY}.class_loss"
@@ -21,6 +22,24 @@ CLASS_LOSS = f"{MessageType.QUERY}.class_loss"
 # (the released code), or pi floored at ABSENT_FLOOR first.
 ABSENT_CLASSES = ("neg_inf", "floor")
 ABSENT_FLOOR = 1e-8
+# The images the detection losses are scored on (B1): the evaluation transform, or one seeded draw of
+# the training augmentation (as the released code's central pass over the training set).
+DETECT_TRANSFORMS = ("eval", "train")
+
+
+@dataclass(frozen=True)
+class ClassLossQuery:
+    """A ``query.class_loss`` instruction's settings.
+
+    transform: ``eval`` | ``train`` (``DETECT_TRANSFORMS``). server_round: the round the detection
+        precedes (seeds the training augmentation's draw).
+    """
+
+    transform: str = field(default="eval", metadata=rule(Choice(DETECT_TRANSFORMS)))
+    server_round: int = field(default=0, metadata=rule(Integer(low=0)))
+
+    def __post_init__(self) -> None:
+        check_fields(self)
 
 
 @dataclass(frozen=True)

@@ -4,7 +4,8 @@ detection, then distillation on noisy clients and distance-aware aggregation.
 Warm-up (the first T1 rounds): FedAvg, every client trains with the logit-adjusted loss.
 Detection (once, before round T1 + 1): every client, sampled or not, answers ``query.class_loss``
 with the warmed-up global model's per-class mean loss on its given labels; the server votes a
-2-component mixture over them (``strategies.fednoro_detection``): S_n, the noisy clients.
+2-component mixture over them (``strategies.fednoro_detection``): S_n, the noisy clients. With
+``redetect_every = r`` the detection is repeated every r rounds after it and S_n replaced (B4).
 Then each round clean clients keep the logit-adjusted loss and noisy ones add distillation from
 the global model with weight lambda_t = a exp(-5 (1 - (clip(t, b, e) - b) / (e - b))^2), b = T1; the
 server aggregates with DaAgg: w_i proportional to n_i exp(-D(i)), D(i) the distance of a noisy
@@ -28,7 +29,15 @@ from common.errors import ConfigError
 from common.seeding import rng_for
 from common.validation import Choice, Flag, Integer, Nullable, Number, check_fields, rule
 from protocol.codec import ProtocolError
-from protocol.fednoro import ABSENT_CLASSES, CLASS_LOSS, METHOD, ClassLosses, FedNoRoOptions
+from protocol.fednoro import (
+    ABSENT_CLASSES,
+    CLASS_LOSS,
+    DETECT_TRANSFORMS,
+    METHOD,
+    ClassLosses,
+    ClassLossQuery,
+    FedNoRoOptions,
+)
 from protocol.messages import TRAIN, instruction, read_reply
 from strategies.aggregation import as_record, weighted_average
 from strategies.base import TrainReply
@@ -60,6 +69,8 @@ class FedNoRoSettings:
     la_tau: the logit adjustment's tau (1). absent_classes: ``neg_inf`` | ``floor`` (B6).
     kd_ramp_end: ``half`` | ``end`` (B5). gmm_runs: mixture fits voted over (9).
     distance: ``per_tensor`` | ``global_l2`` (B2); distance_buffers: include BatchNorm buffers (code).
+    detect_transform: the detection losses' images, ``eval`` | ``train`` (B1).
+    redetect_every: None detects once; r: again every r rounds after the first detection (B4).
     """
 
     warmup: int | None = field(default=None, metadata=rule(Nullable(Integer(low=1))))
@@ -71,6 +82,8 @@ class FedNoRoSettings:
     gmm_runs: int = field(default=9, metadata=rule(Integer(low=1)))
     distance: str = field(default="per_tensor", metadata=rule(Choice(DISTANCES)))
     distance_buffers: bool = field(default=True, metadata=rule(Flag()))
+    detect_transform: str = field(default="eval", metadata=rule(Choice(DETECT_TRANSFORMS)))
+    redetect_every: int | None = field(default=None, metadata=rule(Nullable(Integer(low=1))))
 
     def __post_init__(self) -> None:
         check_fields(self)
@@ -119,7 +132,8 @@ class FedNoRo(FedAvg):
     """FedAvg's sampling with FedNoRo's warm-up, detection, distillation and DaAgg.
 
     warmup: T1 (resolved). ramp: (b, e) of lambda. kd_weight, kd_temperature, la_tau,
-        absent_classes, gmm_runs, distance, distance_buffers: see ``FedNoRoSettings``.
+        absent_classes, gmm_runs, distance, distance_buffers, detect_transform, redetect_every: see
+        ``FedNoRoSettings``.
     parameter_names: the model's parameters (the distance without buffers uses only these).
     seed: the run's seed (the mixtures' seeds derive from it). truth: ground truth, or None.
     Other arguments: see ``FedAvg``.
@@ -127,7 +141,8 @@ class FedNoRo(FedAvg):
 
     def __init__(self, *, warmup: int, ramp: tuple[int, int], kd_weight: float, kd_temperature: float,
                  la_tau: float, absent_classes: str, gmm_runs: int, distance: str, distance_buffers: bool,
-                 parameter_names: Collection[str], seed: int, truth: GroundTruth | None, **kwargs: Any) -> None:
+                 parameter_names: Collection[str], seed: int, truth: GroundTruth | None,
+                 detect_transform: str = "eval", redetect_every: int | None = None, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.stage = WARMUP
         self.warmup, self.ramp = warmup, ramp
@@ -137,6 +152,8 @@ class FedNoRo(FedAvg):
         self.distance_buffers = distance_buffers
         self.parameter_names = tuple(parameter_names)
         self.seed, self.truth = seed, truth
+        self.detect_transform, self.redetect_every = detect_transform, redetect_every
+        self.detections: list[dict[str, Any]] = []
         self.noisy: frozenset[int] | None = None
         self.agreement: float | None = None
         self.scores: dict[int, float] = {}
@@ -149,12 +166,20 @@ class FedNoRo(FedAvg):
         return FedNoRoOptions(noisy=noisy, kd_weight=weight, temperature=self.kd_temperature,
                               la_tau=self.la_tau, absent_classes=self.absent_classes)
 
+    def detection_due(self) -> bool:
+        """Whether to detect before this round: right after the warm-up, and with ``redetect_every``
+        every that many rounds after."""
+        since = self.stage_rounds - self.warmup
+        if since < 0:
+            return False
+        return self.noisy is None or bool(self.redetect_every and since > 0 and since % self.redetect_every == 0)
+
     def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
                         grid: Grid) -> Iterable[Message]:
-        """Detect once the warm-up is over, then send each sampled client its role and lambda_t."""
+        """Detect when due (``detection_due``), then send each sampled client its role and lambda_t."""
         self.global_arrays = arrays
-        if self.noisy is None and self.stage_rounds >= self.warmup:
-            self.detect(grid, arrays)
+        if self.detection_due():
+            self.detect(grid, arrays, server_round)
         chosen = self.select(server_round, arrays, grid)
         ins = replace(self.train_instruction(server_round), method=METHOD)
         return self.messages({pid: instruction(ins, arrays=arrays, options=self.options_for(pid), method=METHOD)
@@ -169,10 +194,11 @@ class FedNoRo(FedAvg):
         weights = daagg_weights(states, sizes, [pid in self.noisy for pid in replies], keys, self.per_tensor)
         return as_record(weighted_average(states, weights))
 
-    def detect(self, grid: Grid, arrays: ArrayRecord) -> None:
-        """Every client's per-class losses of the warmed-up model, and the voted noisy set S_n."""
-        replies = self.exchange(grid, {pid: instruction(arrays=arrays) for pid in self.federation.partition_ids},
-                                CLASS_LOSS, _read_class_losses)
+    def detect(self, grid: Grid, arrays: ArrayRecord, server_round: int = 0) -> None:
+        """Every client's per-class losses of the current global model, and the voted noisy set S_n."""
+        query = instruction(ClassLossQuery(self.detect_transform, server_round), arrays=arrays)
+        replies = self.exchange(grid, dict.fromkeys(self.federation.partition_ids, query), CLASS_LOSS,
+                                _read_class_losses)
         self.queries += len(replies)
         pids = sorted(replies)
         widths = {len(replies[pid].counts) for pid in pids}
@@ -180,15 +206,19 @@ class FedNoRo(FedAvg):
             raise ProtocolError("the clients", "counts", f"have different lengths {sorted(widths)}")
         matrix = normalised_class_losses(np.array([replies[pid].losses for pid in pids]),
                                          np.array([replies[pid].counts for pid in pids]))
-        draw = rng_for(self.seed, "fednoro-detection")
-        seeds = [int(s) for s in draw.integers(2**31, size=self.gmm_runs)]
+        # The first detection's stream keeps its name; a re-detection's is named by its round.
+        stream = "fednoro-detection" if not self.detections else f"fednoro-detection/{self.stage_rounds}"
+        seeds = [int(s) for s in rng_for(self.seed, stream).integers(2**31, size=self.gmm_runs)]
         rows, self.agreement = voted_noisy_rows(matrix, seeds)
         self.noisy = frozenset(pids[row] for row in rows)
         self.scores = {pid: float(matrix[i].sum()) for i, pid in enumerate(pids)}
         self.stage = DISTILL
-        line = (f"[fednoro] detection after {self.stage_rounds} warm-up rounds: {len(self.noisy)} of {len(pids)} "
-                f"clients noisy ({100 * self.agreement:.0f}% of {self.gmm_runs} mixture fits agree)")
         block = detection_block(self.noisy, self.truth)
+        self.detections.append({"after_round": self.stage_rounds, "noisy_clients": len(self.noisy),
+                                "vote_agreement": self.agreement, "detection": block.get("detection")})
+        what = "warm-up rounds" if len(self.detections) == 1 else "rounds (re-detection)"
+        line = (f"[fednoro] detection after {self.stage_rounds} {what}: {len(self.noisy)} of {len(pids)} "
+                f"clients noisy ({100 * self.agreement:.0f}% of {self.gmm_runs} mixture fits agree)")
         if block.get("detection"):
             d = block["detection"]
             line += f"; precision {d['precision']:.3f}, recall {d['recall']:.3f}, F1 {d['f1']:.3f}"
@@ -200,6 +230,7 @@ class FedNoRo(FedAvg):
             "detected_after_round": self.warmup if self.noisy is not None else None,
             **detection_block(self.noisy or (), self.truth),
             "vote_agreement": self.agreement,
+            "detections": self.detections,
             "class_loss_queries": self.queries,
             "clients": [{"client": pid, "loss_score": self.scores.get(pid),
                          "detected_noisy": self.noisy is not None and pid in self.noisy,
@@ -223,6 +254,7 @@ def _arguments(options: FedNoRoSettings, env: Environment, num_rounds: int) -> d
             "kd_weight": options.kd_weight, "kd_temperature": options.kd_temperature, "la_tau": options.la_tau,
             "absent_classes": options.absent_classes, "gmm_runs": options.gmm_runs,
             "distance": options.distance, "distance_buffers": options.distance_buffers,
+            "detect_transform": options.detect_transform, "redetect_every": options.redetect_every,
             "parameter_names": env.parameter_names, "seed": env.seed, "truth": env.truth}
 
 

@@ -14,6 +14,9 @@ from common.validation import Choice, Integer, Real, check_fields, rule
 from task.learner_options import LEARNERS, CoteachingOptions, LearnerSchedule, LsrOptions, SceOptions
 
 PROX_NORMS = ("squared", "l2")
+# The local optimiser, created afresh every local run: SGD (FedCorr and most papers), or Adam with
+# torch's betas (0.9, 0.999) (FedNoRo's released code, methods.md B7).
+OPTIMIZERS = ("sgd", "adam")
 
 # Each learner's options travel under their own name in a train message (``lsr.gamma``); the key is
 # the one protocol.codec reads (``NAMESPACED``).
@@ -26,7 +29,8 @@ class LocalTraining:
     5 local epochs, batch 10). ``conf/strategy/local/sgd.yaml`` holds the run defaults.
 
     lr: the learning rate (> 0).
-    momentum: SGD momentum in [0, 1); weight_decay: L2 weight decay (>= 0).
+    optimizer: ``sgd`` | ``adam`` (``OPTIMIZERS``).
+    momentum: SGD momentum in [0, 1) (Adam uses its own betas); weight_decay: L2 weight decay (>= 0).
     epochs: passes over the local set; batch_size: samples per step.
     learner: the local objective (``task/learners/``): ``ce`` | ``mixup`` | ``sce`` | ``coteaching``
         | ``lsr``.
@@ -39,6 +43,7 @@ class LocalTraining:
     """
 
     lr: float = field(metadata=rule(Real(low=0, low_open=True)))
+    optimizer: str = field(default="sgd", metadata=rule(Choice(OPTIMIZERS)))
     momentum: float = field(default=0.5, metadata=rule(Real(low=0, below=1)))
     weight_decay: float = field(default=0.0, metadata=rule(Real(low=0)))
     epochs: int = field(default=5, metadata=rule(Integer(low=1)))

@@ -131,7 +131,9 @@ def train_local(
     probe = transform(batches(torch.zeros(1, dtype=torch.long)), torch.Generator(generator.device).manual_seed(0))
     check_labels_fit(int(targets.max()), _output_width(model, probe))
     squared = cfg.prox_norm == "squared"
-    optimizer = torch.optim.SGD(params, lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay)
+    optimizer: torch.optim.Optimizer = (
+        torch.optim.Adam(params, lr=cfg.lr, weight_decay=cfg.weight_decay) if cfg.optimizer == "adam"
+        else torch.optim.SGD(params, lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay))
 
     was_training = model.training
     model.train()

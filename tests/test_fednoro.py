@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from client.methods.fednoro import per_class_losses
 from common.errors import ConfigError
 from protocol.codec import ProtocolError, decode, encode
-from protocol.fednoro import ClassLosses, FedNoRoOptions
+from protocol.fednoro import ClassLosses, ClassLossQuery, FedNoRoOptions
 from strategies.fednoro import daagg_weights, kd_weight_at, state_distance
 from strategies.fednoro_detection import normalised_class_losses, voted_noisy_rows
 from task.learners import Batch
@@ -180,6 +180,17 @@ def test_a_smoke_run_warms_up_detects_noisy_clients_better_than_chance_and_disti
     assert block["detection"]["f1"] == pytest.approx(
         2 * len(detected & truth) / (len(detected) + len(truth)))
     assert payload["summary"]["comm_cost"] == 30
+    assert [d["after_round"] for d in block["detections"]] == [3]
+
+
+def test_redetection_repeats_the_query_every_r_rounds_and_replaces_the_noisy_set(run_inprocess):
+    payload, _ = run_inprocess("experiment=smoke strategy=fednoro strategy.warmup=3 strategy.redetect_every=2")
+    block = payload["fednoro"]
+    assert [d["after_round"] for d in block["detections"]] == [3, 5, 7, 9]
+    assert block["class_loss_queries"] == 40 and payload["summary"]["comm_cost"] == 30
+    last = block["detections"][-1]
+    assert last["noisy_clients"] == len(block["detected_noisy_clients"])
+    assert last["detection"] == block["detection"] and 0.0 < last["vote_agreement"] <= 1.0
 
 
 def test_a_client_keeps_no_state_a_recreated_node_trains_identically(prepared_run, incoming):
@@ -208,8 +219,35 @@ def test_a_client_keeps_no_state_a_recreated_node_trains_identically(prepared_ru
     again, fresh = train(used, 2), train(context(), 2)
     assert all(torch.equal(again[key], fresh[key]) for key in again)
     assert len(used.state.array_records) == 0, "nothing is kept between rounds"
-    reply = client_app.app(incoming(instruction(arrays=arrays), "query.class_loss"), context())
-    losses = read_reply(reply.content, ClassLosses, "client 3")
+    def query(transform: str, server_round: int = 4) -> ClassLosses:
+        content = instruction(ClassLossQuery(transform, server_round), arrays=arrays)
+        return read_reply(client_app.app(incoming(content, "query.class_loss"), context()).content, ClassLosses,
+                          "client 3")
+
+    losses = query("eval")
     labels = scene.noisy_labels[scene.rows(3)]
     assert losses.counts == tuple(int(c) for c in np.bincount(labels, minlength=10))
     assert all(loss > 0 for loss, count in zip(losses.losses, losses.counts) if count)
+    # Digits train without augmentation: the training transform scores as the evaluation one.
+    assert query("train") == losses
+
+
+def test_the_detection_query_can_score_one_seeded_draw_of_the_training_augmentation(prepared_run, incoming):
+    from flwr.app import Context, RecordDict
+
+    from client import app as client_app
+    from protocol.messages import instruction, read_reply
+
+    overrides, _, arrays = prepared_run("experiment=smoke strategy=fednoro +dataset.transforms.train.crop=8 "
+                                        "+dataset.transforms.train.pad=1")
+
+    def query(transform: str, server_round: int = 4) -> ClassLosses:
+        context = Context(run_id=1, node_id=77, node_config={"partition-id": 3}, state=RecordDict(),
+                          run_config={"overrides": overrides})
+        content = instruction(ClassLossQuery(transform, server_round), arrays=arrays)
+        return read_reply(client_app.app(incoming(content, "query.class_loss"), context).content, ClassLosses,
+                          "client 3")
+
+    plain, augmented = query("eval"), query("train")
+    assert augmented.counts == plain.counts and augmented.losses != plain.losses
+    assert query("train") == augmented and query("train", server_round=5) != augmented

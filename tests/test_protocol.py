@@ -28,8 +28,8 @@ def test_one_naming_style_for_every_key():
     assert record_key("num_examples") == "num-examples"
     keys = keys_of(TrainIns) + keys_of(TrainRes) + keys_of(CorrectIns) + keys_of(CorrectRes) + keys_of(NodeInfo)
     assert all(key == key.lower() and "_" not in key and " " not in key for key in keys)
-    assert keys_of(TrainIns)[:10] == ["server-round", "lr", "momentum", "weight-decay", "epochs", "batch-size",
-                                      "learner", "mixup-alpha", "prox-weight", "prox-norm"]
+    assert keys_of(TrainIns)[:11] == ["server-round", "lr", "optimizer", "momentum", "weight-decay", "epochs",
+                                      "batch-size", "learner", "mixup-alpha", "prox-weight", "prox-norm"]
     # Each learner's options under its own name, so two learners may share an option name.
     assert "lsr.gamma" in keys_of(TrainIns) and "sce.alpha" in keys_of(TrainIns)
     assert keys_of(TrainIns)[-3:] == ["method", "schedule.distill-weight", "schedule.forget-rate"]

@@ -145,6 +145,23 @@ def test_one_step_follows_cross_entropy_plus_weighted_proximal_gradient(norm: st
     assert not model.training  # the mode it came in
 
 
+def test_adams_first_step_moves_every_weight_by_the_learning_rate_against_its_gradient() -> None:
+    pixels = np.array([[10, 0], [0, 10], [5, 6], [7, 3]], dtype=np.uint8)
+    labels = np.array([0, 1, 0, 0])
+    model = _pixel_model()
+    start = _flat(model).clone()
+    ce = F.cross_entropy(model(torch.from_numpy(pixels).float()), torch.from_numpy(labels))
+    grad = torch.cat([g.flatten() for g in torch.autograd.grad(ce, list(model.parameters()))])
+    # Adam's bias-corrected first step is lr * g / (|g| + eps): lr against the gradient's sign.
+    cfg = LocalTraining(lr=0.01, optimizer="adam", epochs=1, batch_size=4)
+    train_local(model, pixels.reshape(4, 1, 1, 2), labels, BatchTransform(TransformSpec(), *RAW, train=True), cfg,
+                generator=_gen(0))
+    moved = grad.abs() > 1e-3
+    torch.testing.assert_close((_flat(model) - start)[moved], -0.01 * grad.sign()[moved], rtol=1e-3, atol=1e-6)
+    with pytest.raises(ConfigError, match="optimizer='rmsprop' is invalid: allowed are sgd, adam"):
+        LocalTraining(lr=0.01, optimizer="rmsprop")
+
+
 def test_proximal_pull_is_towards_the_given_weights_not_the_starting_ones(local) -> None:
     target = _model(seed=1)
     cfg = LocalTraining(lr=0.05, epochs=3, prox_weight=5.0)

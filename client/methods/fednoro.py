@@ -2,8 +2,9 @@
 per-class losses the server detects noisy clients from (``query.class_loss``).
 
 No client state: the role and lambda_t come with every message, the class frequencies are counted
-again from the labels each round. What leaves the client beyond weights: once, one C-vector of
-per-class mean losses and one of per-class counts (``protocol.fednoro.ClassLosses``).
+again from the labels each round. What leaves the client beyond weights: at each detection (once by
+default), one C-vector of per-class mean losses and one of per-class counts
+(``protocol.fednoro.ClassLosses``).
 """
 
 from __future__ import annotations
@@ -18,10 +19,10 @@ from client.label_state import current_labels
 from client.node import LocalNode
 from client.plugins import ClientMethod, Trained
 from client.update import local_update
-from protocol.fednoro import ABSENT_FLOOR, ClassLosses, FedNoRoOptions
+from protocol.fednoro import ABSENT_FLOOR, ClassLosses, ClassLossQuery, FedNoRoOptions
 from protocol.fednoro import METHOD as NAME
-from protocol.messages import SERVER, TrainIns, read_arrays, reply
-from task.evaluation import loss_and_proba
+from protocol.messages import SERVER, TrainIns, read_arrays, read_instruction, reply
+from task.evaluation import augmented_logits, per_sample_losses, predict_logits
 from task.learners.logit_adjusted import LogitAdjustedDistillation, class_log_prior
 
 
@@ -62,12 +63,18 @@ def per_class_losses(losses: np.ndarray, labels: np.ndarray, num_classes: int) -
 
 
 def class_loss(node: LocalNode, context: Context, content: RecordDict) -> RecordDict:
-    """The sent model's per-class mean cross-entropy on this client's given labels (evaluation transform)."""
+    """The sent model's per-class mean cross-entropy on this client's given labels, on the evaluation
+    transform or one seeded draw of the training augmentation (``ClassLossQuery.transform``)."""
+    query = read_instruction(content, ClassLossQuery)
     model = node.new_model()
     model.load_state_dict(read_arrays(content, SERVER).to_torch_state_dict())
     labels = current_labels(context, node)
-    losses, _ = loss_and_proba(model, node.data.images, labels, node.eval_transform, device=node.device)
-    return reply(per_class_losses(losses, labels, node.dataset.num_classes))
+    if query.transform == "train":
+        logits = augmented_logits(model, node.data.images, node.train_transform,
+                                  node.generator(query.server_round, "fednoro-detection"), device=node.device)
+    else:
+        logits = predict_logits(model, node.data.images, node.eval_transform, device=node.device)
+    return reply(per_class_losses(per_sample_losses(logits, labels), labels, node.dataset.num_classes))
 
 
 METHOD = ClientMethod(NAME, options=FedNoRoOptions, train=fednoro_train, queries={"class_loss": class_loss})
