@@ -12,7 +12,8 @@ from typing import Any
 
 import numpy as np
 
-from common.validation import Choice, Flag, Number, Real
+from common.errors import InvalidValue
+from common.validation import Choice, Flag, Integer, Nullable, Number, Real
 from data.registry import Registry
 
 
@@ -68,17 +69,26 @@ def fedcorr(
     rho: float,
     tau: float,
     allow_true_label: bool,
+    label_pool: int | None = None,
 ) -> NoisyLabels:
     """FedCorr's model (eq. 4): client k is noisy with probability rho at level mu_k ~ U(tau, 1).
 
     A noisy client relabels exactly round(mu_k * n_k) of its samples with a class drawn uniformly
     from all M classes, which may be the true one (the paper's choice); with
-    ``allow_true_label=False`` the new class always differs.
+    ``allow_true_label=False`` the new class always differs. ``label_pool``: draw the new class from
+    the first ``label_pool`` classes only (the FedCorr/FedDiv code's hard-coded 10, also on
+    CIFAR-100; methods.md C14); it may be the true one.
     """
+    if label_pool is not None:
+        if label_pool > num_classes:
+            raise InvalidValue("noise.label_pool", label_pool, f"at most the dataset's {num_classes} classes")
+        if not allow_true_label:
+            raise InvalidValue("noise.label_pool", label_pool, "null with allow_true_label=false: the code's pool "
+                               "draws may give back the true label")
     is_noisy = rng.random(num_clients) < rho
     rates = np.where(is_noisy, rng.uniform(tau, 1.0, size=num_clients), 0.0)
     how = "any" if allow_true_label else "other"
-    return _per_client(true_labels, client, rates, num_classes, rng, how)
+    return _per_client(true_labels, client, rates, label_pool or num_classes, rng, how)
 
 
 def gaussian(
@@ -147,7 +157,8 @@ def none(
 # the gaussian model only needs to be finite (a huge one just pushes every rate to 0 or 1).
 _RATE = Number(low=0.0, high=1.0)
 NOISE_MODELS = Registry("noise")
-NOISE_MODELS.add("fedcorr", fedcorr, {"rho": _RATE, "tau": _RATE, "allow_true_label": Flag()})
+NOISE_MODELS.add("fedcorr", fedcorr, {"rho": _RATE, "tau": _RATE, "allow_true_label": Flag(),
+                                      "label_pool": Nullable(Integer(low=2))})
 NOISE_MODELS.add("symmetric", symmetric, {"eps": _RATE})
 NOISE_MODELS.add("pairflip", pairflip, {"eps": _RATE})
 NOISE_MODELS.add(

@@ -25,8 +25,9 @@ CONF_DIR = Path(__file__).resolve().parents[1] / "conf"
 
 def _tag(node: DictConfig) -> str:
     """``${tag:${noise}}`` -> ``fedcorr_allow_true_label=True_rho=0.6_tau=0.5``: a group's name and
-    parameters as a path-safe string, so default output folders differ whenever the settings do."""
-    params = [f"{key}={node[key]}" for key in sorted(node) if key != "name"]
+    parameters as a path-safe string, so default output folders differ whenever the settings do. A
+    parameter at null (an option left off) is not written, so adding one keeps the existing folders."""
+    params = [f"{key}={node[key]}" for key in sorted(node) if key != "name" and node[key] is not None]
     return "_".join([str(node["name"]), *params]).replace("/", "-")
 
 

@@ -18,7 +18,7 @@ def realised(noisy, labels, client, num_clients) -> np.ndarray:
     return np.bincount(client, weights=noisy != labels, minlength=num_clients) / np.bincount(client)
 
 
-FEDCORR = {"rho": 0.6, "tau": 0.5, "allow_true_label": True}
+FEDCORR = {"rho": 0.6, "tau": 0.5, "allow_true_label": True, "label_pool": None}
 
 
 def test_fedcorr_noisy_client_share_and_levels():
@@ -40,6 +40,26 @@ def test_fedcorr_relabels_an_exact_count_when_the_true_label_is_excluded():
     out = add_noise("fedcorr", labels, client, 200, M, np.random.default_rng(1), params)
     counts = np.bincount(client, weights=out.labels != labels, minlength=200)
     assert np.array_equal(counts, np.round(out.level * 300))
+
+
+def test_fedcorr_codes_label_pool_draws_new_labels_from_the_first_classes_only():
+    rng = np.random.default_rng(0)
+    labels, client = rng.integers(100, size=200 * 300), np.repeat(np.arange(200), 300)
+    pooled = add_noise("fedcorr", labels, client, 200, 100, np.random.default_rng(1), {**FEDCORR, "label_pool": 10})
+    changed = pooled.labels != labels
+    # Every changed sample now holds a class below 10; a chosen sample keeps its label only when its
+    # class is below 10 and is drawn again (1/10 * 1/10), so on 100 classes the rate is 0.99 mu_k.
+    assert set(np.unique(pooled.labels[changed])) == set(range(10))
+    noisy = pooled.level > 0
+    rates = realised(pooled.labels, labels, client, 200)
+    assert np.abs(rates[noisy] - pooled.level[noisy] * (1 - 1 / 10 * 0.1)).mean() < 0.03
+    plain = add_noise("fedcorr", labels, client, 200, 100, np.random.default_rng(1), FEDCORR)
+    assert np.array_equal(plain.level, pooled.level) and plain.labels[plain.labels != labels].max() >= 10
+    with pytest.raises(ConfigError, match=r"noise.label_pool=101 is invalid: at most the dataset's 100 classes"):
+        add_noise("fedcorr", labels, client, 200, 100, np.random.default_rng(1), {**FEDCORR, "label_pool": 101})
+    with pytest.raises(ConfigError, match=r"noise.label_pool=10 is invalid: null with allow_true_label=false"):
+        add_noise("fedcorr", labels, client, 200, 100, np.random.default_rng(1),
+                  {**FEDCORR, "label_pool": 10, "allow_true_label": False})
 
 
 def test_fedcorr_rho_zero_and_one():

@@ -20,7 +20,7 @@ def test_the_default_run_is_typed_and_frozen():
     s = settings()
     assert (s.seed, s.num_clients, s.ground_truth, s.comm_budget) == (1, 100, False, None)
     assert (s.scene.dataset.name, s.scene.partition.name, s.scene.noise.name) == ("fashion_mnist", "iid", "fedcorr")
-    assert s.scene.noise.params == {"rho": 0.6, "tau": 0.5, "allow_true_label": True}
+    assert s.scene.noise.params == {"rho": 0.6, "tau": 0.5, "allow_true_label": True, "label_pool": None}
     assert (s.model.name, s.transforms.train.crop, s.transforms.train.pad, s.transforms.eval.crop) == \
         ("lenet5", 28, 2, None)
     assert (s.server.on_client_error, s.client.num_threads, s.simulation.num_cpus_per_client) == ("fail", 1, 1.0)
