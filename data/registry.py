@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from common.errors import ConfigError
-from common.validation import Constraint
+from common.validation import Constraint, Nullable
 
 
 @dataclass(frozen=True)
@@ -36,21 +36,23 @@ class Registry:
         return tuple(self._entries)
 
     def check(self, name: str, params: Mapping[str, Any]) -> None:
-        """Raise ConfigError for an unknown name, a missing parameter or one its rule refuses."""
+        """Raise ConfigError for an unknown name, a missing parameter or one its rule refuses. A
+        parameter that may be null may also be absent (a scene file leaves nulls out)."""
         if name not in self._entries:
             raise ConfigError(
                 f"{self.kind}={name!r} is invalid: allowed are {', '.join(self.names)}"
             )
         rules = self._entries[name].rules
-        missing = [key for key in rules if key not in params]
+        missing = [key for key, rule in rules.items() if key not in params and not isinstance(rule, Nullable)]
         if missing:
             raise ConfigError(f"{self.kind}={name} needs {', '.join(f'{self.kind}.{k}' for k in missing)}")
         for key, constraint in rules.items():
-            constraint.check(f"{self.kind}.{key}", params[key])
+            constraint.check(f"{self.kind}.{key}", params.get(key))
 
     def params(self, name: str, params: Mapping[str, Any]) -> dict[str, Any]:
-        """The parameters ``name`` takes, picked out of ``params`` (other keys are ignored)."""
-        return {key: params[key] for key in self._entries[name].rules}
+        """The parameters ``name`` takes, picked out of ``params`` (other keys are ignored; an absent
+        nullable one is None)."""
+        return {key: params.get(key) for key in self._entries[name].rules}
 
     def call(self, name: str, *args: Any, params: Mapping[str, Any]) -> Any:
         """Validate ``params`` and call the function registered as ``name``."""

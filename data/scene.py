@@ -310,15 +310,21 @@ class SceneSpec:
                    Component(noise["name"], NOISE_MODELS.params(noise["name"], noise)))
 
     def stored(self, fingerprint: dict[str, Any]) -> dict[str, Any]:
-        """The JSON spec a scene file carries, with the fingerprint of the data it indexes into."""
+        """The JSON spec a scene file carries, with the fingerprint of the data it indexes into.
+        Parameters at null (options left off) are left out, so adding an option keeps every earlier
+        scene file byte-identical and reusable."""
         return {
             "format": FORMAT_VERSION,
             "dataset": fingerprint,
             "num_clients": self.num_clients,
             "seed": self.seed,
-            "partition": {"name": self.partition.name, **self.partition.params},
-            "noise": {"name": self.noise.name, **self.noise.params},
+            "partition": {"name": self.partition.name, **_set(self.partition.params)},
+            "noise": {"name": self.noise.name, **_set(self.noise.params)},
         }
+
+
+def _set(params: Mapping[str, Any]) -> dict[str, Any]:
+    return {key: value for key, value in params.items() if value is not None}
 
 
 def dataset_fingerprint(dataset: Dataset) -> dict[str, Any]:

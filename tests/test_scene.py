@@ -40,6 +40,18 @@ def test_same_spec_and_seed_give_a_byte_identical_file(tmp_path):
     assert first != (tmp_path / "c" / SCENE_FILE).read_bytes()
 
 
+def test_an_option_left_at_null_is_not_in_the_scene_file_so_earlier_scenes_still_match(tmp_path):
+    default, _, _ = prepare(cfg_for(tmp_path / "a"))
+    assert "label_pool" not in default.spec["noise"]
+    pooled, _, _ = prepare(cfg_for(tmp_path / "b", "noise.label_pool=5"))
+    assert pooled.spec["noise"]["label_pool"] == 5
+    changed = pooled.noisy_labels != pooled.true_labels
+    assert changed.any() and pooled.noisy_labels[changed].max() < 5
+    # A scene file written without the key (as before the option existed) is reused as it is.
+    again, _, reused = prepare(cfg_for(tmp_path / "a"))
+    assert reused and np.array_equal(again.noisy_labels, default.noisy_labels)
+
+
 def test_scene_contents_are_consistent(tmp_path, digits):
     scene, dataset, reused = prepare(cfg_for(tmp_path, "noise.rho=0.5", "noise.tau=0.3"))
     assert not reused
