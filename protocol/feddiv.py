@@ -118,6 +118,9 @@ class Diagnostics:
         wrong, flagged but right, kept clean but wrong, kept clean and right).
     relabeled_correct: relabelled samples whose new label is the true one.
     trained_wrong: samples of the last epoch's training set whose training label is wrong.
+    class_known, class_trained, class_trained_wrong: per true class (C counts each), the samples
+        with a known true label, those in the last epoch's training set, and of those the ones whose
+        training label is wrong: which classes the selection keeps and which it mislabels.
     """
 
     known: int
@@ -128,6 +131,9 @@ class Diagnostics:
     split_tn: int
     relabeled_correct: int
     trained_wrong: int
+    class_known: tuple[int, ...] = ()
+    class_trained: tuple[int, ...] = ()
+    class_trained_wrong: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)

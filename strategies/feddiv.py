@@ -118,6 +118,7 @@ class FedDivMonitor:
         self.clients, self.threshold, self.truth = list(clients), threshold, truth
         self.estimates: dict[int, float] = {}
         self.totals: dict[str, int] = {}
+        self.class_totals: dict[str, np.ndarray] = {}
         self.global_filter: NoiseFilter | None = None
         self.filters: list[dict[str, Any]] = []
 
@@ -128,7 +129,11 @@ class FedDivMonitor:
             counts = {"relabeled": report.relabeled, "trained": report.trained,
                       **(asdict(report.diagnostics) if report.diagnostics else {})}
             for key, value in counts.items():
-                self.totals[key] = self.totals.get(key, 0) + value
+                if isinstance(value, tuple):  # a per-class vector
+                    if value:
+                        self.class_totals[key] = self.class_totals.get(key, 0) + np.asarray(value, dtype=np.int64)
+                else:
+                    self.totals[key] = self.totals.get(key, 0) + value
         if self.global_filter is None:
             print(f"[feddiv] first global filter (round {server_round}): {_filter_line(global_filter)}", flush=True)
         self.global_filter = global_filter
@@ -157,6 +162,15 @@ class FedDivMonitor:
                 "label_noise": {"given": t["wrong"] / t["known"] if t["known"] else None,
                                 "trained": t["trained_wrong"] / t["trained"] if t["trained"] else None},
             })
+        if self.truth and "class_known" in self.class_totals:
+            c = self.class_totals
+            # Per true class, over the main rounds: the share of its samples that clients trained on
+            # (last epoch), and the share of those trained with a wrong label.
+            block["per_class"] = {
+                "kept": [float(k) / n if n else None for k, n in zip(c["class_trained"], c["class_known"])],
+                "trained_wrong": [float(w) / k if k else None
+                                  for w, k in zip(c["class_trained_wrong"], c["class_trained"])],
+            }
         return block
 
 

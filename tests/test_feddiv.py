@@ -15,7 +15,7 @@ import torch
 from flwr.app import Array, ArrayRecord, ConfigRecord
 from torch import nn
 
-from client.methods.feddiv import filter_losses, select
+from client.methods.feddiv import diagnostics, filter_losses, select
 from common.errors import ConfigError
 from protocol.codec import decode, encode
 from protocol.feddiv import FedDivOptions, FedDivParams, FedDivReport
@@ -154,6 +154,18 @@ def test_the_selection_follows_eq_11_and_the_codes_rules(params, clean, particip
     np.testing.assert_array_equal(chosen.train_labels, expected)
 
 
+def test_the_diagnostics_count_the_split_the_relabels_and_each_true_class_kept_and_mislabelled():
+    truth = np.array([0, 0, 1, 1, 2, -1])  # the last sample's truth is unknown
+    given = np.array([0, 1, 1, 2, 2, 0])  # samples 1 and 3 are wrong
+    clean = np.array([True, False, True, False, True, True])
+    relabeled = np.array([False, True, False, True, False, False])
+    train_labels = np.array([0, 0, 1, 0, 2, 0])  # sample 1 relabelled right, sample 3 wrong
+    d = diagnostics(truth, given, clean, relabeled, train_labels, np.array([0, 1, 3, 5]), num_classes=3)
+    assert (d.known, d.wrong, d.split_tp, d.split_fp, d.split_fn, d.split_tn) == (5, 2, 2, 0, 0, 3)
+    assert d.relabeled_correct == 1 and d.trained_wrong == 1
+    assert d.class_known == (2, 2, 1) and d.class_trained == (2, 1, 0) and d.class_trained_wrong == (0, 1, 0)
+
+
 def test_the_codes_extra_pass_moves_batch_norm_statistics_and_not_the_loss():
     from data.transforms import BatchTransform, TransformSpec
 
@@ -276,6 +288,8 @@ def test_a_smoke_run_warms_up_then_filters_and_finds_noisy_clients_better_than_c
     assert block["sample_split"]["precision"] > 2 * given
     assert block["label_noise"]["trained"] < given
     assert block["relabeled"] > 0 and block["relabel_precision"] > 0.5
+    kept, mislabelled = block["per_class"]["kept"], block["per_class"]["trained_wrong"]
+    assert len(kept) == len(mislabelled) == 10 and all(0.0 <= v <= 1.0 for v in kept + mislabelled)
 
 
 @pytest.mark.parametrize("pcs_mode", ["epoch", "cached"])

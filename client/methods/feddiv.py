@@ -214,7 +214,7 @@ def feddiv_train(node: LocalNode, context: Context, arrays: ArrayRecord, ins: Tr
     counts = None
     if options.diagnostics and (node.data.true_labels >= 0).any():
         counts = diagnostics(node.data.true_labels, labels, clean, chosen.relabeled, chosen.train_labels,
-                             trained_rows[0])
+                             trained_rows[0], node.dataset.num_classes)
     report = FedDivReport(filter=local_filter, noise_estimate=float(1.0 - clean.mean()),
                           relabeled=int(chosen.relabeled.sum()), trained=int(len(trained_rows[0])),
                           diagnostics=counts)
@@ -222,16 +222,23 @@ def feddiv_train(node: LocalNode, context: Context, arrays: ArrayRecord, ins: Tr
 
 
 def diagnostics(truth: np.ndarray, labels: np.ndarray, clean: np.ndarray, relabeled: np.ndarray,
-                train_labels: np.ndarray, trained: np.ndarray) -> Diagnostics:
-    """The round's split, relabelling and training set against the true labels (where known)."""
+                train_labels: np.ndarray, trained: np.ndarray, num_classes: int) -> Diagnostics:
+    """The round's split, relabelling and training set against the true labels (where known), in
+    all and per true class (counts only)."""
     known = truth >= 0
     wrong = known & (labels != truth)
     trained_mask = np.zeros(len(labels), dtype=bool)
     trained_mask[trained] = True
+    trained_wrong = trained_mask & known & (train_labels != truth)
+
+    def per_class(mask: np.ndarray) -> tuple[int, ...]:
+        return tuple(int(c) for c in np.bincount(truth[mask & known], minlength=num_classes))
+
     return Diagnostics(
         known=int(known.sum()), wrong=int(wrong.sum()), **split_counts(~clean, wrong, known),
         relabeled_correct=int(np.sum(relabeled & known & (train_labels == truth))),
-        trained_wrong=int(np.sum(trained_mask & known & (train_labels != truth))),
+        trained_wrong=int(trained_wrong.sum()), class_known=per_class(known),
+        class_trained=per_class(trained_mask), class_trained_wrong=per_class(trained_wrong),
     )
 
 
