@@ -119,9 +119,8 @@ class FedESSettings:
             return self.num_rounds
         size = rounds.round_size(num_clients)
         spent = self.s1 * size + num_clients
-        later = rounds.rounds_under(comm_budget, num_clients, spent, "FedES's pre-training and estimation rounds")
-        if self.reestimate_every is None:
-            return self.s1 + 1 + later
+        # Refuses, in the one wording, a budget that cannot pay for pre-training and estimation.
+        rounds.rounds_under(comm_budget, num_clients, spent, "FedES's pre-training and estimation rounds")
         last = self.s1 + 1
         while True:
             cost = num_clients if phase_of(last + 1, self.s1, self.reestimate_every) == ESTIMATE else size
