@@ -63,7 +63,7 @@ def plain_loop(cfg, overrides: list[str]) -> tuple[float, list[float]]:
             states.append({key: value.numpy() for key, value in cpu_state(model).items()})
             weights.append(stats.num_examples)
         state = {key: torch.from_numpy(value) for key, value in weighted_average(states, weights).items()}
-        accuracies.append(evaluator(ArrayRecord(state)).accuracy)
+        accuracies.append(evaluator(ArrayRecord(state))[0].accuracy)
     return time.perf_counter() - start, accuracies
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 from flwr.app import ArrayRecord
 
@@ -9,7 +10,7 @@ from data.sources.base import Dataset
 from settings.run import RunSettings
 from task.build import model_for, model_for_state, transforms_for
 from task.device import resolve_device
-from task.evaluation import evaluate
+from task.evaluation import evaluate_by_class
 from task.scores import Scores
 
 
@@ -27,8 +28,9 @@ class CentralEvaluator:
         self.test = dataset.test
         self.batch_size = settings.server.eval_batch_size
 
-    def __call__(self, arrays: ArrayRecord) -> Scores:
-        """The scores of the model given by ``arrays`` on the test split."""
+    def __call__(self, arrays: ArrayRecord) -> tuple[Scores, np.ndarray | None]:
+        """The scores of the model given by ``arrays`` on the test split and its confusion matrix
+        (``evaluate_by_class``)."""
         state = arrays.to_torch_state_dict()
         if list(state) != self.keys:
             self.model = model_for_state(self.settings.model, self.dataset, self.settings.transforms,
@@ -36,5 +38,5 @@ class CentralEvaluator:
             self.keys = list(state)
         self.model.load_state_dict(state)
         with torch.no_grad():
-            return evaluate(self.model, self.test.images, self.test.labels, self.transform,
+            return evaluate_by_class(self.model, self.test.images, self.test.labels, self.transform,
                             batch_size=self.batch_size, device=self.device)

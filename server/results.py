@@ -1,7 +1,10 @@
 """The results contract: <out_dir>/results.json and <out_dir>/rounds.csv, kept valid after every round.
 
 results.json is rewritten atomically each round, so a run killed at any point leaves the rounds
-finished so far in a readable file (``"complete": false`` until the run ends).
+finished so far in a readable file (``"complete": false`` until the run ends). Its
+``test_confusion`` block is the confusion matrix of the latest central evaluation (at the end: the
+final round's), which shows what an accuracy alone hides: a collapsed model, or a class map learnt
+shifted under pair-flip noise.
 """
 
 from __future__ import annotations
@@ -12,6 +15,8 @@ import math
 import time
 from pathlib import Path
 from typing import Any
+
+import numpy as np
 
 from common.atomic_files import write_json_atomic
 
@@ -47,6 +52,7 @@ class ResultsWriter:
         self.config = config
         self.rounds: list[dict[str, Any]] = []
         self.extra: dict[str, Any] = {}
+        self.confusion: dict[str, Any] | None = None
         self.start = time.perf_counter()
         with open(self.dir / "rounds.csv", "w", newline="") as out:
             csv.writer(out).writerow(ROUND_FIELDS)
@@ -67,14 +73,19 @@ class ResultsWriter:
         test_acc: float | None,
         test_loss: float | None,
         train_loss: float | None = None,
+        test_confusion: np.ndarray | None = None,
     ) -> dict[str, Any]:
-        """Append a finished round to rounds.csv and results.json (non-finite scores as null); returns its row."""
+        """Append a finished round to rounds.csv and results.json (non-finite scores as null); returns its
+        row. ``test_confusion`` (true class x predicted class counts) replaces the stored one."""
         row = {
             "round": server_round, "stage": stage, "test_acc": _finite(test_acc), "test_loss": _finite(test_loss),
             "clients": list(clients), "comm_cost": comm_cost, "train_loss": _finite(train_loss),
             "elapsed_s": round(self.elapsed, 3),
         }
         self.rounds.append(row)
+        if test_confusion is not None:
+            self.confusion = {"round": server_round, "rows": "true class", "columns": "predicted class",
+                              "counts": np.asarray(test_confusion).astype(int).tolist()}
         with open(self.dir / "rounds.csv", "a", newline="") as out:
             csv.writer(out).writerow([" ".join(map(str, v)) if isinstance(v, list) else ("" if v is None else v)
                                       for v in (row[f] for f in ROUND_FIELDS)])
@@ -102,6 +113,7 @@ class ResultsWriter:
             "config": self.config,
             "rounds": self.rounds,
             "summary": summarise(self.rounds, self.elapsed),
+            **({} if self.confusion is None else {"test_confusion": self.confusion}),
             **self.extra,
         }
         write_json_atomic(self.dir / "results.json", payload)

@@ -55,11 +55,12 @@ class RoundReporter:
     def __call__(self, info: RoundInfo, arrays: ArrayRecord) -> MetricRecord | None:
         """Report a finished round; the global model's accuracy and loss when it was evaluated, else None."""
         due = info.round % self.eval_every == 0 or info.round == self.num_rounds
-        scores = self.evaluator(arrays) if due else None
+        scores, confusion = self.evaluator(arrays) if due else (None, None)
         row = self.results.add_round(
             server_round=info.round, stage=info.stage, clients=info.clients, comm_cost=info.comm_cost,
             test_acc=None if scores is None else scores.accuracy,
             test_loss=None if scores is None else scores.loss, train_loss=info.train_loss,
+            test_confusion=confusion,
         )
         self.progress.update(row)
         if self.live is not None:

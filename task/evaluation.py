@@ -129,7 +129,32 @@ def evaluate(
         return Scores(loss=sum(s.loss for s in each) / 2, accuracy=sum(s.accuracy for s in each) / 2,
                       num_examples=each[0].num_examples)
     targets = label_tensor(labels, len(images))
+    return _scores(predict_logits(model, images, transform, batch_size=batch_size, device=device), targets)
+
+
+def evaluate_by_class(
+    model: nn.Module,
+    images: ImageArray,
+    labels: np.ndarray,
+    transform: BatchTransform,
+    *,
+    batch_size: int = 256,
+    device: torch.device | str = "cpu",
+) -> tuple[Scores, np.ndarray | None]:
+    """``evaluate``'s scores and, from the same forward pass, the confusion matrix (M, M) of int64
+    counts: row = true class, column = predicted class. None for a ``PeerPair``, whose two networks
+    make no single prediction."""
+    if isinstance(model, PeerPair):
+        return evaluate(model, images, labels, transform, batch_size=batch_size, device=device), None
+    targets = label_tensor(labels, len(images))
     logits = predict_logits(model, images, transform, batch_size=batch_size, device=device)
+    scores = _scores(logits, targets)  # checks that the labels fit the classes first
+    num_classes = logits.shape[1]
+    cells = torch.bincount(targets * num_classes + logits.argmax(dim=1), minlength=num_classes * num_classes)
+    return scores, cells.reshape(num_classes, num_classes).numpy()
+
+
+def _scores(logits: torch.Tensor, targets: torch.Tensor) -> Scores:
     losses = _losses(logits, targets)
     correct = logits.argmax(dim=1) == targets
     return Scores(loss=float(losses.double().mean()), accuracy=float(correct.double().mean()),

@@ -270,6 +270,9 @@ def test_each_round_strategy_runs_standalone_over_the_test_grid(run_inprocess, n
     assert [row["stage"] for row in payload["rounds"]] == [name] * 3
     assert [row["comm_cost"] for row in payload["rounds"]] == [3, 6, 9]
     assert payload["complete"] and payload["summary"]["best_acc"] > 0.1
+    confusion = np.array(payload["test_confusion"]["counts"])  # the final evaluation's, over the test split
+    assert payload["test_confusion"]["round"] == 3 and confusion.shape == (10, 10)
+    assert np.trace(confusion) / confusion.sum() == pytest.approx(payload["summary"]["final_acc"])
     trained = {pid for row in payload["rounds"] for pid in row["clients"]}
     with_state = {pid for pid in range(10) if "feddyn-correction" in grid.context_of(pid).state.array_records}
     assert with_state == (trained if name == "feddyn" else set()), "only FedDyn keeps a correction, where trained"

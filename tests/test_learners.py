@@ -15,7 +15,7 @@ from models.peer_pair import PeerPair, is_pair_state
 from protocol.messages import CONFIG, TRAIN
 from server.config import load_run
 from settings.compose import compose_config
-from task.evaluation import evaluate
+from task.evaluation import evaluate, evaluate_by_class
 from task.learner_options import CoteachingOptions, LsrOptions, SceOptions
 from task.learners import Batch
 from task.learners.coteaching import Coteaching, kept_count
@@ -149,6 +149,7 @@ def test_a_pair_scores_as_the_mean_of_its_networks(digits):
     both = evaluate(PeerPair(*nets), images, labels, eval_tf)
     assert both.accuracy == pytest.approx((each[0].accuracy + each[1].accuracy) / 2)
     assert both.loss == pytest.approx((each[0].loss + each[1].loss) / 2)
+    assert evaluate_by_class(PeerPair(*nets), images, labels, eval_tf) == (both, None)  # no single prediction
     assert is_pair_state(PeerPair(*nets).state_dict()) and not is_pair_state(nets[0].state_dict())
 
 

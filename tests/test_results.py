@@ -1,6 +1,7 @@
 import csv
 import json
 
+import numpy as np
 import pytest
 
 from server.progress import Progress
@@ -48,3 +49,19 @@ def test_progress_line_shows_round_stage_accuracy_and_eta():
                               "clients": [1, 2, 3], "comm_cost": 6, "elapsed_s": 20.0})
     assert "[round    2/10]" in line and "fedavg" in line and "0.8125" in line
     assert "elapsed 0:00:20" in line and "ETA 0:01:20" in line
+
+
+def test_the_latest_evaluation_confusion_is_kept_and_unevaluated_rounds_leave_it(tmp_path):
+    writer = ResultsWriter(tmp_path / "run", {"seed": 1})
+    add(writer, 1, 0.5)
+    assert "test_confusion" not in json.loads((tmp_path / "run" / "results.json").read_text())
+    writer.add_round(server_round=2, stage="fedavg", clients=[1], comm_cost=1, test_acc=0.5, test_loss=0.1,
+                     test_confusion=np.array([[3, 1], [2, 4]]))
+    add(writer, 3, None, None)
+    writer.add_round(server_round=4, stage="fedavg", clients=[1], comm_cost=1, test_acc=0.25, test_loss=0.1,
+                     test_confusion=np.array([[0, 4], [2, 4]]))
+    writer.add_round(server_round=5, stage="fedavg", clients=[1], comm_cost=1, test_acc=None, test_loss=None)
+    final = writer.finish()
+    assert final["test_confusion"] == {"round": 4, "rows": "true class", "columns": "predicted class",
+                                       "counts": [[0, 4], [2, 4]]}
+    assert read_results(tmp_path / "run")["test_confusion"]["counts"] == [[0, 4], [2, 4]]

@@ -16,7 +16,14 @@ from common.validation import settings_from_mapping
 from data.client_data import IndexedImages
 from data.transforms import BatchTransform, TransformSpec
 from models import build_model
-from task.evaluation import augmented_logits, evaluate, loss_and_proba, predict_logits, predict_proba
+from task.evaluation import (
+    augmented_logits,
+    evaluate,
+    evaluate_by_class,
+    loss_and_proba,
+    predict_logits,
+    predict_proba,
+)
 from task.local_training import LocalTraining, TrainStats
 from task.training import train_local
 
@@ -240,6 +247,10 @@ def test_evaluation_metrics_on_a_hand_checkable_case() -> None:
     assert metrics.accuracy == pytest.approx(0.75)
     assert metrics.loss == pytest.approx(expected_loss.mean(), abs=1e-5)
     assert metrics.num_examples == 4
+    by_class, confusion = evaluate_by_class(model, images, labels, transform, batch_size=3)
+    assert by_class == metrics
+    # rows: true class 0 (samples 0, 2, 3 predicted 0, 1, 0), true class 1 (sample 1 predicted 1)
+    np.testing.assert_array_equal(confusion, [[2, 1], [0, 1]])
 
 
 def test_evaluation_on_real_data_is_consistent_and_batch_size_free(local) -> None:
