@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 
 from common.errors import ConfigError
-from common.validation import check_bool
+from common.validation import Flag
 from data.export import CLIENTS_DIR, export_clients
 from data.local_file import check_in_memory
 from data.scene import prepare_scene
@@ -27,7 +27,7 @@ def main(argv: list[str]) -> int:
     try:
         cfg = one_job(argv)
         keep_truth = cfg.export.true_labels
-        check_bool("export.true_labels", keep_truth)
+        Flag().check("export.true_labels", keep_truth)
         spec, folder = scene_spec(cfg), out_dir(cfg)  # a bad scene override fails before the data is read
         # Checked before prepare_scene, which may write the scene: a refusal leaves nothing behind.
         check_in_memory(spec.dataset.load().train.images, spec.dataset.name)

@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 
 from common.errors import ConfigError
-from common.validation import check_bool
+from common.validation import Flag
 from data.scene import SCENE_FILE, prepare_scene
 from data.summary import format_summary
 from settings.command_line import one_job
@@ -26,7 +26,7 @@ def main(argv: list[str]) -> int:
     try:
         cfg = one_job(argv)
         plot = cfg.scene.plot
-        check_bool("scene.plot", plot)
+        Flag().check("scene.plot", plot)
         spec, folder = scene_spec(cfg), out_dir(cfg)
         scene, _, reused = prepare_scene(spec, folder)
     except ConfigError as err:

@@ -35,7 +35,6 @@ from reports.runs import MULTIRUN_INDEX  # noqa: E402  (a multirun lists its job
 from server.config import RunPlan, load_run  # noqa: E402
 from settings.command_line import checked_jobs, split_command_line  # noqa: E402
 from settings.compose import CONF_DIR  # noqa: E402  (also registers the resolvers of the default out_dir)
-from strategies.registry import entry  # noqa: E402
 
 GROUND_TRUTH = "ground_truth"
 
@@ -78,7 +77,7 @@ def check_simulation(plan: RunPlan) -> None:
 
 def check_client_sizes(sizes: Sequence[int], plan: RunPlan) -> None:
     """Every client of the scene must hold what the strategy needs of it."""
-    need = entry(plan.strategy.name).min_client_samples
+    need = plan.strategy.cls.min_client_samples
     if min(sizes) < need:
         raise ConfigError(f"num_clients={plan.settings.num_clients} is invalid: strategy {plan.strategy.name} needs "
                           f"at least {need} samples per client, and this scene's smallest client holds "

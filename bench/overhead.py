@@ -29,15 +29,15 @@ from flwr.app import ArrayRecord, Context, RecordDict  # noqa: E402
 import sim  # noqa: E402
 from client.node import load_node  # noqa: E402
 from client.update import cpu_state, local_update  # noqa: E402
-from common.seeding import rng_for  # noqa: E402
 from data.scene import prepare_scene  # noqa: E402
 from server.config import load_run  # noqa: E402
 from server.evaluation import CentralEvaluator  # noqa: E402
 from server.run import initial_arrays  # noqa: E402
 from settings.compose import compose_config  # noqa: E402
 from strategies.aggregation import weighted_average  # noqa: E402
+from strategies.fedavg import FedAvg  # noqa: E402
 from strategies.federation import Federation  # noqa: E402
-from strategies.registry import build_strategy  # noqa: E402
+from task.hooks import TrainingHooks  # noqa: E402
 
 
 def plain_loop(cfg, overrides: list[str]) -> tuple[float, list[float]]:
@@ -46,12 +46,13 @@ def plain_loop(cfg, overrides: list[str]) -> tuple[float, list[float]]:
     plan = load_run(cfg)
     settings = plan.settings
     _, dataset, _ = prepare_scene(settings.scene, settings.out_dir)
-    strategy = build_strategy(plan.strategy, plan.environment(), rng_for(settings.seed, "client-sampling"))
+    strategy = plan.strategy.build(plan.context())
     clients = range(settings.num_clients)
     strategy.bind(Federation(node_of={k: k for k in clients}, num_examples={k: 0 for k in clients}))
     evaluator = CentralEvaluator(settings, dataset)
     state = initial_arrays(settings, dataset).to_torch_state_dict()
-    training = plan.strategy.settings.rounds.train
+    assert isinstance(strategy, FedAvg)
+    training = strategy.settings.train
     run_config = {"overrides": shlex.join(overrides)}
     accuracies = []
     for server_round in range(1, strategy.planned_rounds() + 1):
@@ -59,7 +60,7 @@ def plain_loop(cfg, overrides: list[str]) -> tuple[float, list[float]]:
         for pid in strategy.select(server_round, ArrayRecord(state), grid=None):
             context = Context(run_id=1, node_id=pid, node_config={"partition-id": pid}, state=RecordDict(),
                               run_config=run_config)
-            model, stats = local_update(load_node(context), state, training, server_round)
+            model, stats = local_update(load_node(context), state, TrainingHooks(training), server_round)
             states.append({key: value.numpy() for key, value in cpu_state(model).items()})
             weights.append(stats.num_examples)
         state = {key: torch.from_numpy(value) for key, value in weighted_average(states, weights).items()}

@@ -1,8 +1,8 @@
 """The Flower ClientApp (``clientapp = "client.app:app"`` in pyproject.toml): decode, dispatch, encode.
 
-The messages are defined in ``protocol``; the work happens in plain functions: local training in
-``client.update`` (plain) or a method's plug-in (``client.plugins``, ``client/methods/``), evaluation
-in ``task.evaluation``. Every method's own queries are registered here from the plug-in registry.
+The messages are defined in ``protocol``; the work happens in plain functions: local training in a
+plug-in (``client/plugins/``: plain training or a method's), evaluation in ``task.evaluation``. Every
+plug-in's own queries are registered here from the plug-in registry.
 """
 
 from __future__ import annotations
@@ -14,9 +14,10 @@ from flwr.clientapp import ClientApp
 
 from client.label_state import current_labels
 from client.node import load_node
-from client.plugins import QueryFn, client_method, client_methods
+from client.plugins.base import QueryHandler
+from client.plugins.registry import plugin, plugins
 from client.update import cpu_state
-from protocol.messages import SERVER, NodeInfo, TrainIns, read_arrays, read_instruction, read_options, reply
+from protocol.messages import SERVER, NodeInfo, TrainIns, read_arrays, read_instruction, reply
 from task.evaluation import evaluate as evaluate_model
 
 app = ClientApp()
@@ -34,11 +35,9 @@ def train(message: Message, context: Context) -> Message:
     """Train with the plug-in the instruction names, from the global arrays, on the current labels."""
     node = load_node(context)
     ins = read_instruction(message.content, TrainIns)
-    method = client_method(ins.method)
-    options = None if method.options is None else read_options(message.content, ins.method, method.options)
-    trained = method.train(node, context, read_arrays(message.content, SERVER), ins, options)
+    trained = plugin(ins.plugin).train(node, context, ins, message.content)
     content = reply(trained.stats, arrays=ArrayRecord(cpu_state(trained.model)), extra=trained.extra,
-                    method=ins.method)
+                    plugin_arrays=trained.arrays, plugin=ins.plugin)
     return Message(content, reply_to=message)
 
 
@@ -64,7 +63,7 @@ def loss(message: Message, context: Context) -> Message:
     return _local_scores(message, context)
 
 
-def _query(handler: QueryFn) -> Callable[[Message, Context], Message]:
+def _query(handler: QueryHandler) -> Callable[[Message, Context], Message]:
     def handle(message: Message, context: Context) -> Message:
         return Message(handler(load_node(context), context, message.content), reply_to=message)
 
@@ -72,6 +71,6 @@ def _query(handler: QueryFn) -> Callable[[Message, Context], Message]:
     return handle
 
 
-for _method in client_methods().values():
-    for _action, _handler in _method.queries.items():
+for _plugin in plugins().values():
+    for _action, _handler in _plugin.queries().items():
         app.query(_action)(_query(_handler))

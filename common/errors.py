@@ -37,6 +37,21 @@ class InvalidValue(ConfigError):
         return InvalidValue(f"{prefix}.{self.key}" if prefix else self.key, self.value, self.allowed)
 
 
+class UnknownKeys(ConfigError):
+    """A config block has keys that are not options of it: ``<block> config has unknown keys [...]:
+    allowed are [...]``; ``under(prefix)`` re-issues it at the place the block came from."""
+
+    def __init__(self, block: str, unknown: list[str], allowed: list[str]) -> None:
+        super().__init__(f"{block} config has unknown keys {unknown}: allowed are {allowed}")
+        self.block = block
+        self.unknown = unknown
+        self.allowed = allowed
+
+    def under(self, prefix: str) -> UnknownKeys:
+        """The same error with ``prefix.`` in front of its block's name."""
+        return UnknownKeys(f"{prefix}.{self.block}" if prefix else self.block, self.unknown, self.allowed)
+
+
 class DatasetNotFoundError(ConfigError, FileNotFoundError):
     """A dataset is missing; the message names every place looked and how to get it."""
 

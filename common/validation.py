@@ -1,35 +1,53 @@
-"""Checks of configuration values, plain and declarative.
+"""One vocabulary of constraints for configuration values and message fields, checked once.
 
-Every check raises one ``InvalidValue`` naming the key, the value and what is allowed. Settings
-dataclasses declare their constraints on the fields (``field(metadata=rule(...))``) and
-run them once in ``__post_init__`` with ``check_fields``, in the manner of scikit-learn's
-parameter constraints; ``settings_from_mapping`` builds such a class from a config mapping and
-names a bad value by its full config key.
+A constraint checks one value under its key and says what it allows: ``Interval`` (a number between
+bounds), ``Options`` (one of some names), ``Flag`` (true or false) and ``FolderPath``; each takes
+``or_none=True`` to also admit None (the config's ``null``). A dataclass that subclasses ``Checked``
+declares each field with ``option(constraint, meaning)`` and is checked once, on construction, in
+the manner of scikit-learn's parameter constraints; ``Checked.check`` adds what involves several
+fields. ``from_mapping`` builds such a class from a config block and names a bad value by its full
+config key. Every refusal is one ``InvalidValue``, whose message ``<key>=<value> is invalid:
+<allowed>`` is formatted in ``common.errors``; ``invalid_values`` gives, for tests, values each
+constraint refuses.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
-from dataclasses import MISSING, Field, dataclass, fields, is_dataclass
-from typing import Any, Protocol, TypeVar
+import typing
+from collections.abc import Mapping
+from dataclasses import MISSING, Field, dataclass, field, fields, is_dataclass
+from typing import Any, Literal, Protocol, TypeVar
 
-from common.errors import UNSET, ConfigError, InvalidValue
+from common.errors import UNSET, InvalidValue, UnknownKeys
 
 T = TypeVar("T")
+
+CONSTRAINT = "constraint"
+MEANING = "meaning"
+FLAT = "flat"
+"""Field metadata: a nested ``Checked`` field whose options sit in the same config block as its parent's."""
+NAMESPACED = "namespaced"
+"""Field metadata: a nested field whose keys travel in a message as ``<field>.<key>``."""
+
+
+class Constraint(Protocol):
+    """What a declared constraint does: check one value under its key, and say what it allows."""
+
+    @property
+    def or_none(self) -> bool:
+        """Whether None (the config's ``null``) is allowed too."""
+
+    def check(self, key: str, value: Any) -> None:
+        """Raise ``InvalidValue`` for ``key`` unless ``value`` is allowed."""
+
+    def invalid(self) -> list[Any]:
+        """Values the constraint refuses (bounds just missed, a wrong option, a wrong type)."""
 
 
 def _is_number(value: Any) -> bool:
     # bool is an int subclass, but True as a learning rate is always a mistake.
     return isinstance(value, (int, float)) and not isinstance(value, bool)
-
-
-def check_number(key: str, value: Any, *, low: float, high: float | None = None, low_open: bool = False) -> None:
-    """``key`` must be a number >= low (> low if low_open) and <= high."""
-    if _is_number(value) and (value > low if low_open else value >= low) and (high is None or value <= high):
-        return
-    bound = f"{'>' if low_open else '>='} {low}" + ("" if high is None else f" and <= {high}")
-    raise InvalidValue(key, value, f"allowed is a number {bound}")
 
 
 def _finite(value: int | float) -> bool:
@@ -40,180 +58,215 @@ def _finite(value: int | float) -> bool:
         return False
 
 
-def check_real(key: str, value: Any, *, low: float, low_open: bool = False, below: float | None = None) -> None:
-    """``key`` must be a finite number >= low (> low if low_open) and < below (a finite float)."""
-    if _is_number(value) and _finite(value):
-        if (value > low if low_open else value >= low) and (below is None or value < below):
-            return
-    bound = f"{'>' if low_open else '>='} {low}" + ("" if below is None else f" and < {below}")
-    raise InvalidValue(key, value, f"allowed is a finite number {bound}")
-
-
-def check_int(key: str, value: Any, *, low: int, high: int | None = None) -> None:
-    """``key`` must be an integer >= low (and <= high)."""
-    if isinstance(value, int) and not isinstance(value, bool) and value >= low and (high is None or value <= high):
-        return
-    raise InvalidValue(key, value, f"allowed is an integer >= {low}" + ("" if high is None else f" and <= {high}"))
-
-
-def check_bool(key: str, value: Any) -> None:
-    """``key`` must be true or false."""
-    if not isinstance(value, bool):
-        raise InvalidValue(key, value, "allowed is true or false")
-
-
-def check_choice(key: str, value: Any, options: Sequence[str]) -> None:
-    """``key`` must be one of ``options``."""
-    if not isinstance(value, str) or value not in options:
-        raise InvalidValue(key, value, f"allowed are {', '.join(options)}")
-
-
-class Constraint(Protocol):
-    """What a declared field constraint does: check one value under its key."""
-
-    def check(self, key: str, value: Any) -> None:
-        """Raise ``InvalidValue`` for ``key`` unless ``value`` satisfies the constraint."""
+Closed = Literal["both", "left", "right", "neither"]
 
 
 @dataclass(frozen=True)
-class Number:
-    """A number >= low (> low if low_open), <= high; infinities pass unless ``high`` excludes them."""
+class Interval:
+    """A number between ``low`` and ``high`` (None: unbounded above).
 
+    kind: ``int`` (an integer; bools are not) or ``float`` (an int or a float).
+    closed: which bounds belong to the interval: ``both``, ``left`` (low only), ``right`` (high
+        only) or ``neither``.
+    finite: floats must also be finite; otherwise an unbounded interval admits infinity.
+    reason: why the bounds are what they are, added to a refusal.
+    or_none: None is allowed too.
+    """
+
+    kind: type
     low: float
     high: float | None = None
-    low_open: bool = False
+    closed: Closed = "both"
+    finite: bool = False
+    reason: str = ""
+    or_none: bool = False
+
+    def _low_open(self) -> bool:
+        return self.closed in ("right", "neither")
+
+    def _high_open(self) -> bool:
+        return self.closed in ("left", "neither")
+
+    def allowed(self) -> str:
+        """``allowed is a number > 0 and <= 1``: what a refusal says."""
+        noun = "an integer" if self.kind is int else "a finite number" if self.finite else "a number"
+        text = f"allowed is {noun} {'>' if self._low_open() else '>='} {self.low}"
+        if self.high is not None:
+            text += f" and {'<' if self._high_open() else '<='} {self.high}"
+        return f"{text} ({self.reason})" if self.reason else text
+
+    def _admits(self, value: Any) -> bool:
+        if self.kind is int:
+            if not isinstance(value, int) or isinstance(value, bool):
+                return False
+        elif not _is_number(value) or (self.finite and not _finite(value)):
+            return False
+        above = value > self.low if self._low_open() else value >= self.low
+        below = self.high is None or (value < self.high if self._high_open() else value <= self.high)
+        return above and below
 
     def check(self, key: str, value: Any) -> None:
-        """``value`` must be such a number (see ``check_number``)."""
-        check_number(key, value, low=self.low, high=self.high, low_open=self.low_open)
+        """``value`` must lie in the interval (or be None with ``or_none``)."""
+        if not (value is None and self.or_none) and not self._admits(value):
+            raise InvalidValue(key, value, self.allowed())
+
+    def invalid(self) -> list[Any]:
+        """The values just outside each bound, a string and a bool, None unless allowed, and for a
+        finite or integer interval infinity."""
+        step = 1 if self.kind is int else 0.5
+        values: list[Any] = [self.low if self._low_open() else self.low - step, "x", True]
+        if self.high is not None:
+            values.append(self.high if self._high_open() else self.high + step)
+        if self.kind is int:
+            values.append(self.low + 0.5)
+        if self.kind is int or self.finite:
+            values.append(math.inf)
+        return values if self.or_none else [*values, None]
 
 
 @dataclass(frozen=True)
-class Real:
-    """A finite number >= low (> low if low_open) and < below."""
-
-    low: float
-    low_open: bool = False
-    below: float | None = None
-
-    def check(self, key: str, value: Any) -> None:
-        """``value`` must be such a finite number (see ``check_real``)."""
-        check_real(key, value, low=self.low, low_open=self.low_open, below=self.below)
-
-
-@dataclass(frozen=True)
-class Integer:
-    """An integer >= low (and <= high)."""
-
-    low: int
-    high: int | None = None
-
-    def check(self, key: str, value: Any) -> None:
-        """``value`` must be such an integer (see ``check_int``)."""
-        check_int(key, value, low=self.low, high=self.high)
-
-
-@dataclass(frozen=True)
-class Choice:
+class Options:
     """One of a fixed set of names."""
 
-    options: tuple[str, ...]
+    values: tuple[str, ...]
+    or_none: bool = False
 
     def check(self, key: str, value: Any) -> None:
-        """``value`` must be one of ``options``."""
-        check_choice(key, value, self.options)
+        """``value`` must be one of ``values`` (or None with ``or_none``)."""
+        if value is None and self.or_none:
+            return
+        if not isinstance(value, str) or value not in self.values:
+            raise InvalidValue(key, value, f"allowed are {', '.join(self.values)}")
+
+    def invalid(self) -> list[Any]:
+        """A name that is not an option, a number, and None unless allowed."""
+        values: list[Any] = ["no_such_option", 1]
+        return values if self.or_none else [*values, None]
 
 
 @dataclass(frozen=True)
 class Flag:
     """true or false."""
 
+    or_none: bool = False
+
     def check(self, key: str, value: Any) -> None:
-        """``value`` must be true or false."""
-        check_bool(key, value)
+        """``value`` must be a bool (or None with ``or_none``)."""
+        if not isinstance(value, bool) and not (value is None and self.or_none):
+            raise InvalidValue(key, value, "allowed is true or false")
+
+    def invalid(self) -> list[Any]:
+        """A string, a number, and None unless allowed."""
+        values: list[Any] = ["yes", 1]
+        return values if self.or_none else [*values, None]
 
 
 @dataclass(frozen=True)
-class Nullable:
-    """None (the config's ``null``), or a value that passes ``inner``."""
-
-    inner: Constraint
-
-    def check(self, key: str, value: Any) -> None:
-        """``value`` must be None or pass ``inner``."""
-        if value is not None:
-            self.inner.check(key, value)
-
-
-@dataclass(frozen=True)
-class PathText:
+class FolderPath:
     """A non-empty path string (``~`` is expanded where it is used)."""
 
+    or_none: bool = False
+
     def check(self, key: str, value: Any) -> None:
-        """``value`` must be such a string."""
+        """``value`` must be such a string (or None with ``or_none``)."""
+        if value is None and self.or_none:
+            return
         if not isinstance(value, str) or not value.strip():
             raise InvalidValue(key, value, "allowed is a folder path or null")
 
-
-@dataclass(frozen=True)
-class Explained:
-    """``inner``, with the reason for its bounds added to the message."""
-
-    inner: Constraint
-    reason: str
-
-    def check(self, key: str, value: Any) -> None:
-        """``value`` must pass ``inner``; a refusal says why the bound exists."""
-        try:
-            self.inner.check(key, value)
-        except InvalidValue as err:
-            raise InvalidValue(err.key, err.value, f"{err.allowed} ({self.reason})") from None
+    def invalid(self) -> list[Any]:
+        """A blank string and a number."""
+        return [" ", 3]
 
 
-def rule(constraint: Constraint) -> dict[str, Constraint]:
-    """Field metadata declaring ``constraint``: ``lr: float = field(metadata=rule(Real(low=0, low_open=True)))``."""
-    return {"check": constraint}
+def option(constraint: Constraint | None = None, meaning: str = "", *, default: Any = MISSING,
+           flat: bool = False, namespaced: bool = False) -> Any:
+    """A dataclass field that declares its constraint and its one-line meaning:
+    ``lr: float = option(Interval(float, 0, closed="neither", finite=True), "the learning rate")``.
+
+    A field without a default takes its value from the config (``conf/`` holds the defaults).
+    ``flat``: a nested ``Checked`` field whose options are keys of the parent's own block.
+    ``namespaced``: a nested payload whose keys travel as ``<field>.<key>`` (``protocol.codec``).
+    """
+    metadata = {CONSTRAINT: constraint, MEANING: meaning, FLAT: flat, NAMESPACED: namespaced}
+    return field(default=default, metadata=metadata)
 
 
-def check_fields(obj: Any, prefix: str = "") -> None:
-    """Run every declared constraint of dataclass instance ``obj`` (keys ``prefix.field``)."""
-    for spec in fields(obj):
-        constraint = spec.metadata.get("check")
-        if constraint is not None:
-            constraint.check(f"{prefix}.{spec.name}" if prefix else spec.name, getattr(obj, spec.name))
+class Checked:
+    """Base of a dataclass whose fields declare constraints (``option``): each field is checked
+    once, on construction, then ``check`` runs the checks that involve several fields."""
+
+    def __post_init__(self) -> None:
+        for spec in fields(self):  # type: ignore[arg-type]
+            constraint = spec.metadata.get(CONSTRAINT)
+            if constraint is not None:
+                constraint.check(spec.name, getattr(self, spec.name))
+        self.check()
+
+    def check(self) -> None:
+        """Checks across fields; raise ``InvalidValue`` naming the field (none by default)."""
 
 
-def dataclass_kwargs(kind: str, cfg: Any, cls: type) -> dict[str, Any]:
-    """``cfg`` as keyword arguments for dataclass ``cls``: a mapping whose keys are all fields of it."""
-    allowed = [f.name for f in fields(cls) if f.init]
-    if not isinstance(cfg, Mapping):
-        raise ConfigError(f"{kind} config {cfg!r} is invalid: allowed is a mapping with keys {allowed}")
-    unknown = sorted(str(key) for key in cfg if key not in allowed)
-    if unknown:
-        raise ConfigError(f"{kind} config has unknown keys {unknown}: allowed are {allowed}")
-    return {key: cfg[key] for key in cfg}
+def constraints(cls: type) -> dict[str, Constraint]:
+    """The declared constraint of each field of dataclass ``cls`` that has one."""
+    return {spec.name: spec.metadata[CONSTRAINT] for spec in fields(cls) if spec.metadata.get(CONSTRAINT)}
 
 
-def _required(spec: Field) -> bool:
+def nested_type(cls: type, spec: Field[Any]) -> type | None:
+    """The ``Checked`` dataclass a field of ``cls`` holds (``X`` or ``X | None``), or None."""
+    hint = typing.get_type_hints(cls)[spec.name]
+    for candidate in (hint, *typing.get_args(hint)):
+        if isinstance(candidate, type) and issubclass(candidate, Checked) and is_dataclass(candidate):
+            return candidate
+    return None
+
+
+def keys_of(cls: type) -> list[str]:
+    """The config keys of a settings block of ``cls``: its fields, with a flat nested field's keys
+    in its place."""
+    keys: list[str] = []
+    for spec in fields(cls):
+        inner = nested_type(cls, spec)
+        keys += keys_of(inner) if spec.metadata.get(FLAT) and inner is not None else [spec.name]
+    return keys
+
+
+def _required(spec: Field[Any]) -> bool:
     return spec.init and spec.default is MISSING and spec.default_factory is MISSING
 
 
-def settings_from_mapping(cls: type[T], cfg: Any, prefix: str, **given: Any) -> T:
-    """An instance of settings dataclass ``cls`` from config mapping ``cfg`` found at ``prefix``.
+def _admits_none(cls: type, spec: Field[Any]) -> bool:
+    return type(None) in typing.get_args(typing.get_type_hints(cls)[spec.name])
 
-    Keys of ``cfg`` that are not fields of ``cls`` are refused; ``given`` supplies fields built
-    elsewhere (nested settings). A missing required key and every value the class checks are
-    reported under their full key (``strategy.train.lr``).
+
+def from_mapping(cls: type[T], cfg: Any, prefix: str, **given: Any) -> T:
+    """An instance of settings dataclass ``cls`` from config block ``cfg`` found at ``prefix``.
+
+    Keys that are not options of ``cls`` are refused; nested ``Checked`` fields are built from their
+    own block (a flat one from this block's keys); ``given`` supplies fields built elsewhere. A
+    missing key and every refused value are reported under their full key (``strategy.train.lr``).
     """
-    if not is_dataclass(cls):
-        raise TypeError(f"{cls!r} is not a dataclass")
+    allowed = [key for key in keys_of(cls) if key not in given]
     if not isinstance(cfg, Mapping):
-        raise InvalidValue(prefix, cfg, f"allowed is a mapping with keys {[f.name for f in fields(cls) if f.init]}")
-    kwargs = {**dataclass_kwargs(prefix, {k: v for k, v in cfg.items() if k not in given}, cls), **given}
-    missing = [spec.name for spec in fields(cls) if _required(spec) and spec.name not in kwargs]
-    if missing:
-        raise InvalidValue(f"{prefix}.{missing[0]}", UNSET, "the config must set it")
+        raise InvalidValue(prefix, cfg, f"allowed is a mapping with keys {allowed}")
+    unknown = sorted(str(key) for key in cfg if key not in allowed)
+    if unknown:
+        raise UnknownKeys(prefix, unknown, allowed)
+    kwargs = dict(given)
+    for spec in fields(cls):  # type: ignore[arg-type]
+        if spec.name in given or not spec.init:
+            continue
+        inner = nested_type(cls, spec)
+        if inner is not None and spec.metadata.get(FLAT):
+            kwargs[spec.name] = from_mapping(inner, {k: v for k, v in cfg.items() if k in keys_of(inner)}, prefix)
+        elif spec.name not in cfg:
+            if _required(spec):
+                raise InvalidValue(f"{prefix}.{spec.name}", UNSET, "the config must set it")
+        elif inner is not None and not (cfg[spec.name] is None and _admits_none(cls, spec)):
+            kwargs[spec.name] = from_mapping(inner, cfg[spec.name], f"{prefix}.{spec.name}")
+        else:
+            kwargs[spec.name] = cfg[spec.name]
     try:
         return cls(**kwargs)
-    except InvalidValue as err:
+    except (InvalidValue, UnknownKeys) as err:
         raise err.under(prefix) from None

@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 
 from common.errors import InvalidValue
-from common.validation import Choice, Flag, Integer, Nullable, Number, Real
+from common.validation import Flag, Interval, Options
 from data.registry import Registry
 
 
@@ -155,14 +155,15 @@ def none(
 
 # Rates and probabilities are closed intervals, which also refuse NaN and infinities; the spread of
 # the gaussian model only needs to be finite (a huge one just pushes every rate to 0 or 1).
-_RATE = Number(low=0.0, high=1.0)
+_RATE = Interval(float, 0.0, 1.0)
 NOISE_MODELS = Registry("noise")
 NOISE_MODELS.add("fedcorr", fedcorr, {"rho": _RATE, "tau": _RATE, "allow_true_label": Flag(),
-                                      "label_pool": Nullable(Integer(low=2))})
+                                      "label_pool": Interval(int, 2, or_none=True)})
 NOISE_MODELS.add("symmetric", symmetric, {"eps": _RATE})
 NOISE_MODELS.add("pairflip", pairflip, {"eps": _RATE})
 NOISE_MODELS.add(
-    "gaussian", gaussian, {"mean": _RATE, "std": Real(low=0), "kind": Choice(("symmetric", "pairflip"))}
+    "gaussian", gaussian,
+    {"mean": _RATE, "std": Interval(float, 0, finite=True), "kind": Options(("symmetric", "pairflip"))}
 )
 NOISE_MODELS.add("none", none)
 

@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 
 from common.errors import ConfigError, InvalidValue
-from common.validation import Integer, Number
+from common.validation import Interval
 from data.registry import Registry
 
 Partition = list[np.ndarray]
@@ -143,12 +143,12 @@ def _check_row_draws(p: float, num_classes: int) -> None:
         )
 
 
-_ALPHA = Number(low=0.0, high=_MAX_ALPHA, low_open=True)
+_ALPHA = Interval(float, 0.0, _MAX_ALPHA, closed="right")
 PARTITIONERS = Registry("partition")
 PARTITIONERS.add("iid", iid)
-PARTITIONERS.add("fedcorr_noniid", fedcorr_noniid, {"p": Number(low=0.0, high=1.0, low_open=True), "alpha": _ALPHA})
-PARTITIONERS.add("dirichlet", dirichlet, {"alpha": _ALPHA, "min_size": Integer(low=1)})
-PARTITIONERS.add("shards", shards, {"shards_per_client": Integer(low=1)})
+PARTITIONERS.add("fedcorr_noniid", fedcorr_noniid, {"p": Interval(float, 0.0, 1.0, closed="right"), "alpha": _ALPHA})
+PARTITIONERS.add("dirichlet", dirichlet, {"alpha": _ALPHA, "min_size": Interval(int, 1)})
+PARTITIONERS.add("shards", shards, {"shards_per_client": Interval(int, 1)})
 
 
 def partition(

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from common.errors import ConfigError
-from common.validation import Constraint, Nullable
+from common.validation import Constraint
 
 
 @dataclass(frozen=True)
@@ -43,7 +43,7 @@ class Registry:
                 f"{self.kind}={name!r} is invalid: allowed are {', '.join(self.names)}"
             )
         rules = self._entries[name].rules
-        missing = [key for key, rule in rules.items() if key not in params and not isinstance(rule, Nullable)]
+        missing = [key for key, rule in rules.items() if key not in params and not rule.or_none]
         if missing:
             raise ConfigError(f"{self.kind}={name} needs {', '.join(f'{self.kind}.{k}' for k in missing)}")
         for key, constraint in rules.items():

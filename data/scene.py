@@ -21,7 +21,7 @@ import numpy as np
 from common.atomic_files import read_npz, write_npz
 from common.errors import ConfigError, SceneError
 from common.seeding import rng_for
-from common.validation import Explained, Flag, Integer, Nullable, PathText, check_fields, rule
+from common.validation import Checked, Flag, FolderPath, Interval, option
 from data.noise import NOISE_MODELS, add_noise
 from data.partition import PARTITIONERS, partition
 from data.sources import check_dataset_name, load_dataset
@@ -224,26 +224,20 @@ def spec_differences(stored: dict[str, Any], wanted: dict[str, Any]) -> list[str
 
 
 @dataclass(frozen=True)
-class DatasetSource:
-    """Which dataset to load and from where (``conf/dataset/<name>.yaml``).
+class DatasetSource(Checked):
+    """Which dataset to load and from where (``conf/dataset/<name>.yaml``). A root that is set must
+    be an existing folder when the data is loaded (see ``check_root``)."""
 
-    name: a registered source (``data.sources.DATASET_NAMES``).
-    num_classes: the class count the run expects; the loaded data must agree.
-    root: where to look first (None: the source's default lookup); a root that is set must be an
-        existing folder when the data is loaded (see ``check_root``). download: allow
-        torchvision to download it; cache_dir: the decoded-array cache (None: ``$FEDCORR_CACHE_DIR``
-        or the home cache).
-    """
+    name: str = option(meaning="a registered source (data.sources.DATASET_NAMES)")
+    num_classes: int = option(Interval(int, 2), "the class count the run expects; the loaded data must agree")
+    root: str | None = option(FolderPath(or_none=True), "where to look first (null: the source's own lookup)")
+    download: bool = option(Flag(), "allow torchvision to download it")
+    cache_dir: str | None = option(FolderPath(or_none=True),
+                                   "the decoded-array cache (null: $FEDCORR_CACHE_DIR or the home cache)")
 
-    name: str
-    num_classes: int = field(metadata=rule(Integer(low=2)))
-    root: str | None = field(default=None, metadata=rule(Nullable(PathText())))
-    download: bool = field(default=False, metadata=rule(Flag()))
-    cache_dir: str | None = field(default=None, metadata=rule(Nullable(PathText())))
-
-    def __post_init__(self) -> None:
+    def check(self) -> None:
+        """The name must be a registered source."""
         check_dataset_name(self.name)
-        check_fields(self)
 
     def check_root(self) -> None:
         """Refuse a set ``dataset.root`` that is not a folder (``data.sources.check_root``); reads no data.
@@ -270,7 +264,7 @@ class Component:
 
 
 @dataclass(frozen=True)
-class SceneSpec:
+class SceneSpec(Checked):
     """Everything a scene is drawn from; checked when built, so a bad value fails before any work.
 
     dataset: the data the scene indexes into.
@@ -280,14 +274,13 @@ class SceneSpec:
     """
 
     dataset: DatasetSource
-    num_clients: int = field(metadata=rule(Integer(low=1)))
-    seed: int = field(metadata=rule(
-        Explained(Integer(low=0, high=MAX_SEED), "the seed feeds scikit-learn's random_state")))
+    num_clients: int = option(Interval(int, 1))
+    seed: int = option(Interval(int, 0, MAX_SEED, reason="the seed feeds scikit-learn's random_state"))
     partition: Component = field(default_factory=lambda: Component("iid"))
     noise: Component = field(default_factory=lambda: Component("none"))
 
-    def __post_init__(self) -> None:
-        check_fields(self)
+    def check(self) -> None:
+        """The partitioner and the noise model must take their parameters."""
         PARTITIONERS.check(self.partition.name, self.partition.params)
         NOISE_MODELS.check(self.noise.name, self.noise.params)
         if self.dataset.name == "clothing1m" and self.noise.name != "none":

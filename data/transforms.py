@@ -7,34 +7,33 @@ a training step pays a handful of tensor operations, not one PIL round trip per 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 
 from common.errors import ConfigError, InvalidValue
-from common.validation import Flag, Integer, Nullable, check_fields, rule
+from common.validation import Checked, Flag, Interval, option
 
 
 @dataclass(frozen=True)
-class TransformSpec:
-    """What a :class:`BatchTransform` does, in order: resize, (pad +) crop, flip, normalise.
+class TransformSpec(Checked):
+    """What a :class:`BatchTransform` does, in order: resize, (pad +) crop, flip, normalise. Each
+    field's default is the step left out, so a dataset's empty block (``eval: {}``) is no transform."""
 
-    resize: resize to (resize, resize) first, antialiased bilinear; None keeps the stored size.
-    crop: output side length; a random window when training, the centre window when evaluating.
-    pad: zeros added on every side before the random crop; ignored when evaluating.
-    flip: random horizontal flip with probability 0.5 when training; ignored when evaluating.
-    """
+    resize: int | None = option(Interval(int, 1, or_none=True),
+                                "resize to (resize, resize) first, antialiased bilinear; null keeps the size",
+                                default=None)
+    crop: int | None = option(Interval(int, 1, or_none=True),
+                              "the output side: a random window when training, the centre one when evaluating",
+                              default=None)
+    pad: int = option(Interval(int, 0), "zeros on every side before the random crop (not when evaluating)",
+                      default=0)
+    flip: bool = option(Flag(), "a random horizontal flip with probability 0.5 when training", default=False)
 
-    # None means "keep the stored size" / "no crop"; any given size must be a positive integer.
-    resize: int | None = field(default=None, metadata=rule(Nullable(Integer(low=1))))
-    crop: int | None = field(default=None, metadata=rule(Nullable(Integer(low=1))))
-    pad: int = field(default=0, metadata=rule(Integer(low=0)))
-    flip: bool = field(default=False, metadata=rule(Flag()))
-
-    def __post_init__(self) -> None:
-        check_fields(self)
+    def check(self) -> None:
+        """A pad needs a crop."""
         if self.pad > 0 and self.crop is None:
             raise InvalidValue("pad", self.pad, "a pad needs a crop size; set crop or use pad=0")
 

@@ -4,7 +4,7 @@ A payload's fields are ``int``, ``float``, ``bool`` or ``str`` (each optionally 
 ``tuple[int, ...]`` of counts or a ``tuple[float, ...]`` (a small per-class or per-component
 vector, sent as a list; never per-sample values), or a nested payload dataclass
 whose fields are flattened into the same record (optional nested payloads are all there or all
-absent). A nested field declared with ``metadata={NAMESPACED: True}`` puts its
+absent). A nested field declared ``option(..., namespaced=True)`` puts its
 name before its keys (``lsr.gamma``), so two nested payloads may share field names. Field
 ``num_examples`` travels as key ``num-examples``: one naming style for every key, Flower's own.
 ``decode`` checks every key and type and names the sender and the key of the first problem; it never
@@ -20,6 +20,7 @@ from dataclasses import Field, fields, is_dataclass
 from typing import TYPE_CHECKING, Any, TypeGuard, TypeVar
 
 from common.errors import ConfigError, InvalidValue
+from common.validation import NAMESPACED
 
 if TYPE_CHECKING:
     from _typeshed import DataclassInstance
@@ -29,9 +30,6 @@ Scalar = int | float | bool | str
 Value = Scalar | list[int] | list[float]
 
 _SCALARS = (int, float, bool, str)
-
-NAMESPACED = "namespaced"
-"""Field metadata key: a nested payload whose keys travel as ``<field>.<key>``."""
 
 
 class ProtocolError(ValueError):
@@ -151,7 +149,9 @@ def _decode(cls: type[T], record: Mapping[str, Any], sender: str, prefix: str = 
             value = record[key]
             kwargs[spec.name] = (_vector(value, hint, sender, key) if typing.get_origin(hint) is tuple
                                  else _scalar(value, hint, sender, key))
-        elif not optional:
+        elif optional:
+            kwargs[spec.name] = None
+        else:
             raise ProtocolError(sender, key, "is missing")
     try:
         return cls(**kwargs)

@@ -1,7 +1,7 @@
-"""FedCorr's messages: the stage-1 train options (LID), its reply extra, and ``query.correct``.
+"""FedCorr's messages: the stage-1 train instruction (LID), its reply payload, and ``query.correct``.
 
-- ``train`` with method ``fedcorr`` and ``Stage1Options``: after local training the client returns
-  the LID score of its local model's predictions (``LidScore`` under ``fedcorr``) and, when asked,
+- ``train`` with plug-in ``fedcorr`` and ``Stage1Ins``: after local training the client returns
+  the LID score of its local model's predictions (``LidRes`` under ``fedcorr``) and, when asked,
   keeps that model's per-sample losses as its state (they never leave it).
 - ``query.correct`` (arrays: the global model) with ``CorrectIns`` -> ``CorrectRes``: the client
   estimates its noise level (stage 1) and relabels, keeping the new labels as its state. Only counts
@@ -10,13 +10,13 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from flwr.app import MessageType
 
-from common.validation import Choice, Integer, Number, check_fields, rule
+from common.validation import Checked, Interval, Options, option
 
-METHOD = "fedcorr"
+PLUGIN = "fedcorr"
 CORRECT = f"{MessageType.QUERY}.correct"
 MODES = ("stage1", "stage2")
 # Whose per-sample losses a step uses: the client's local model right after its stage-1 training, or
@@ -25,26 +25,23 @@ LOSS_MODELS = ("local", "global")
 
 
 @dataclass(frozen=True)
-class Stage1Options:
-    """Stage-1 train options: compute the LID score with ``lid_k`` neighbours after training; with
+class Stage1Ins(Checked):
+    """Stage-1 train instruction: compute the LID score with ``lid_k`` neighbours after training; with
     ``keep_losses`` also keep the trained model's per-sample losses (client state) for the correction."""
 
-    lid_k: int = field(metadata=rule(Integer(low=1)))
+    lid_k: int = option(Interval(int, 1))
     keep_losses: bool = False
-
-    def __post_init__(self) -> None:
-        check_fields(self)
 
 
 @dataclass(frozen=True)
-class LidScore:
-    """Stage-1 train extra: the LID score of the trained local model on the local set (eq. 2)."""
+class LidRes:
+    """Stage-1 train reply payload: the LID score of the trained local model on the local set (eq. 2)."""
 
     lid: float
 
 
 @dataclass(frozen=True)
-class CorrectIns:
+class CorrectIns(Checked):
     """A ``query.correct`` instruction.
 
     mode: ``stage1`` (loss split, noise estimate, relabel the top pi of the noisy subset, eqs. 6-7) or
@@ -60,18 +57,15 @@ class CorrectIns:
     diagnostics: return ground-truth counts where the node knows its true labels (simulation).
     """
 
-    mode: str = field(metadata=rule(Choice(MODES)))
-    pi: float = field(metadata=rule(Number(low=0.0, high=1.0)))
-    theta: float = field(metadata=rule(Number(low=0.0, high=1.0)))
+    mode: str = option(Options(MODES))
+    pi: float = option(Interval(float, 0.0, 1.0))
+    theta: float = option(Interval(float, 0.0, 1.0))
+    split_losses: str = option(Options(LOSS_MODELS))
+    rank_losses: str = option(Options(LOSS_MODELS))
     relabel: bool = True
-    split_losses: str = field(default="local", metadata=rule(Choice(LOSS_MODELS)))
-    rank_losses: str = field(default="global", metadata=rule(Choice(LOSS_MODELS)))
-    losses_since: int = field(default=0, metadata=rule(Integer(low=0)))
-    seed: int = field(default=0, metadata=rule(Integer(low=0)))
+    losses_since: int = option(Interval(int, 0), default=0)
+    seed: int = option(Interval(int, 0), default=0)
     diagnostics: bool = False
-
-    def __post_init__(self) -> None:
-        check_fields(self)
 
 
 @dataclass(frozen=True)

@@ -1,19 +1,16 @@
-"""FedDyn's train options: ``train`` with method ``feddyn`` runs FedDyn's local objective."""
+"""FedDyn's train instruction: ``train`` with plug-in ``feddyn`` runs FedDyn's local objective."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
-from common.validation import Number, check_fields, rule
+from common.validation import Checked, Interval, option
 
-METHOD = "feddyn"
+PLUGIN = "feddyn"
 
 
 @dataclass(frozen=True)
-class FedDynOptions:
-    """alpha: the dynamic regulariser's coefficient (> 0)."""
+class FedDynIns(Checked):
+    """FedDyn's instruction to its clients."""
 
-    alpha: float = field(metadata=rule(Number(low=0.0, low_open=True)))
-
-    def __post_init__(self) -> None:
-        check_fields(self)
+    alpha: float = option(Interval(float, 0.0, closed="neither"), "the dynamic regulariser's coefficient")

@@ -1,49 +1,46 @@
-"""FedNoRo's messages: its train options, and the detection query ``query.class_loss``.
+"""FedNoRo's messages: its train instruction, and the detection query ``query.class_loss``.
 
-- ``train`` with method ``fednoro`` and ``FedNoRoOptions``: local training with the logit-adjusted
+- ``train`` with plug-in ``fednoro`` and ``FedNoRoIns``: local training with the logit-adjusted
   loss; a client the server flagged noisy also distils the global model with weight ``kd_weight``.
-- ``query.class_loss`` (arrays: the warmed-up global model; config: ``ClassLossQuery``) ->
-  ``ClassLosses``: the model's mean cross-entropy per class of the client's given labels, and how
+- ``query.class_loss`` (arrays: the warmed-up global model; config: ``ClassLossIns``) ->
+  ``ClassLossRes``: the model's mean cross-entropy per class of the client's given labels, and how
   many samples each class has. One C-vector of floats and one of counts per detection (once per run
   by default): never per-sample values or labels.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from flwr.app import MessageType
 
-from common.validation import Choice, Flag, Integer, Number, check_fields, rule
+from common.validation import Checked, Flag, Interval, Options, option
 
-METHOD = "fednoro"
+PLUGIN = "fednoro"
 CLASS_LOSS = f"{MessageType.QUERY}.class_loss"
 # How a class the client has no sample of enters the logit adjustment tau * log(pi): log 0 = -inf
 # (the released code), or pi floored at ABSENT_FLOOR first.
 ABSENT_CLASSES = ("neg_inf", "floor")
 ABSENT_FLOOR = 1e-8
-# The images the detection losses are scored on (B1): the evaluation transform, or one seeded draw of
+# The images the detection losses are scored on: the evaluation transform, or one seeded draw of
 # the training augmentation (as the released code's central pass over the training set).
 DETECT_TRANSFORMS = ("eval", "train")
 
 
 @dataclass(frozen=True)
-class ClassLossQuery:
-    """A ``query.class_loss`` instruction's settings.
+class ClassLossIns(Checked):
+    """A ``query.class_loss`` instruction.
 
     transform: ``eval`` | ``train`` (``DETECT_TRANSFORMS``). server_round: the round the detection
         precedes (seeds the training augmentation's draw).
     """
 
-    transform: str = field(default="eval", metadata=rule(Choice(DETECT_TRANSFORMS)))
-    server_round: int = field(default=0, metadata=rule(Integer(low=0)))
-
-    def __post_init__(self) -> None:
-        check_fields(self)
+    transform: str = option(Options(DETECT_TRANSFORMS))
+    server_round: int = option(Interval(int, 0), default=0)
 
 
 @dataclass(frozen=True)
-class FedNoRoOptions:
+class FedNoRoIns(Checked):
     """What a FedNoRo client trains with this round.
 
     noisy: the server flagged this client noisy (after the warm-up): it distils the global model.
@@ -53,18 +50,15 @@ class FedNoRoOptions:
     absent_classes: ``neg_inf`` | ``floor`` (see ``ABSENT_CLASSES``).
     """
 
-    noisy: bool = field(metadata=rule(Flag()))
-    kd_weight: float = field(metadata=rule(Number(low=0.0, high=1.0)))
-    temperature: float = field(metadata=rule(Number(low=0.0, low_open=True)))
-    la_tau: float = field(metadata=rule(Number(low=0.0)))
-    absent_classes: str = field(default="neg_inf", metadata=rule(Choice(ABSENT_CLASSES)))
-
-    def __post_init__(self) -> None:
-        check_fields(self)
+    noisy: bool = option(Flag())
+    kd_weight: float = option(Interval(float, 0.0, 1.0))
+    temperature: float = option(Interval(float, 0.0, closed="neither"))
+    la_tau: float = option(Interval(float, 0.0))
+    absent_classes: str = option(Options(ABSENT_CLASSES))
 
 
 @dataclass(frozen=True)
-class ClassLosses:
+class ClassLossRes:
     """A ``query.class_loss`` reply: per class c of the given labels, the sample count and the mean
     cross-entropy of the sent model (0.0 where the count is 0: the class is missing)."""
 

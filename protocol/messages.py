@@ -4,8 +4,9 @@ A message's content is a ``RecordDict``:
 
 - ``arrays``: an ``ArrayRecord`` (model weights), when the message carries any;
 - ``config`` (an instruction) or ``metrics`` (a reply): the payload dataclass as one flat record;
-- ``<method>``: a method's own options (instruction) or extra results (reply), as its own record,
-  named after the client plug-in that reads or writes it (``fedcorr``, ``feddyn``).
+- ``<plugin>``: a client plug-in's own instruction (with a train instruction) or reply payload (its
+  extra, with a train reply), as its own record named after the plug-in (``fedcorr``, ``feddyn``);
+- ``<plugin>.arrays``: a plug-in's own arrays, each way (weight-shaped state such as control variates).
 
 Kinds (``docs/design.md`` has the table):
 
@@ -21,13 +22,14 @@ message type        instruction                        reply
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 from flwr.app import ArrayRecord, ConfigRecord, MessageType, MetricRecord, MetricRecordValues, RecordDict
 
-from protocol.codec import NAMESPACED, ProtocolError, decode, encode
-from task.learner_options import LearnerSchedule
+from common.validation import option
+from protocol.codec import ProtocolError, decode, encode
+from task.learner_settings import LearnerSchedule
 from task.local_training import LocalTraining, TrainStats
 from task.scores import Scores
 
@@ -38,8 +40,9 @@ T = TypeVar("T", bound="DataclassInstance")
 
 __all__ = [
     "ARRAYS", "CONFIG", "EVALUATE", "INFO", "LOSS", "METRICS", "SERVER", "TRAIN",
-    "NodeInfo", "Scores", "TrainIns", "TrainRes",
-    "instruction", "read_arrays", "read_extra", "read_instruction", "read_options", "read_reply", "reply",
+    "NodeInfo", "Scores", "TrainIns", "TrainStats",
+    "instruction", "read_arrays", "read_extra", "read_instruction", "read_options", "read_plugin_arrays",
+    "read_reply", "reply",
 ]
 
 INFO = f"{MessageType.QUERY}.info"
@@ -66,26 +69,27 @@ class NodeInfo:
 class TrainIns:
     """A ``train`` instruction: train from the sent arrays for ``server_round``.
 
-    training: the local SGD settings (with the learner and its options).
-    method: the client plug-in that trains (``""``: plain local SGD); its options, if any, travel
-        in a record of that name.
+    training: the local training settings (with the learner and its settings).
+    plugin: the client plug-in that trains (``""``: plain local training); its own instruction, if
+        any, travels in a record of that name.
     schedule: the learner's values for this round (LSR's gamma_t, Co-teaching's forget rate).
     """
 
     server_round: int
     training: LocalTraining
-    method: str = ""
-    schedule: LearnerSchedule = field(default_factory=LearnerSchedule, metadata={NAMESPACED: True})
+    plugin: str = ""
+    schedule: LearnerSchedule = option(default=LearnerSchedule(), namespaced=True)
 
 
-TrainRes = TrainStats
-"""A ``train`` reply (with the trained arrays) reports the client's training stats."""
+def plugin_arrays_key(plugin: str) -> str:
+    """The record key of a plug-in's own arrays."""
+    return f"{plugin}.{ARRAYS}"
 
 
-
-def instruction(payload: Any = None, *, arrays: ArrayRecord | None = None,
-                options: Any = None, method: str = "") -> RecordDict:
-    """The content of an instruction: ``arrays``, ``payload`` as ``config``, ``options`` under ``method``."""
+def instruction(payload: Any = None, *, arrays: ArrayRecord | None = None, options: Any = None,
+                plugin_arrays: ArrayRecord | None = None, plugin: str = "") -> RecordDict:
+    """The content of an instruction: ``arrays``, ``payload`` as ``config``, the plug-in's own
+    instruction ``options`` under ``plugin`` and its ``plugin_arrays`` under ``<plugin>.arrays``."""
     content = RecordDict()
     if arrays is not None:
         content[ARRAYS] = arrays
@@ -93,19 +97,25 @@ def instruction(payload: Any = None, *, arrays: ArrayRecord | None = None,
         # dict(): the same items, typed with ConfigRecord's value types (dict is invariant)
         content[CONFIG] = ConfigRecord(dict(encode(payload)))
     if options is not None:
-        content[method] = ConfigRecord(dict(encode(options)))
+        content[plugin] = ConfigRecord(dict(encode(options)))
+    if plugin_arrays is not None:
+        content[plugin_arrays_key(plugin)] = plugin_arrays
     return content
 
 
-def reply(payload: Any, *, arrays: ArrayRecord | None = None, extra: Any = None, method: str = "") -> RecordDict:
-    """The content of a reply: ``arrays``, ``payload`` as ``metrics``, ``extra`` under ``method``."""
+def reply(payload: Any, *, arrays: ArrayRecord | None = None, extra: Any = None,
+          plugin_arrays: ArrayRecord | None = None, plugin: str = "") -> RecordDict:
+    """The content of a reply: ``arrays``, ``payload`` as ``metrics``, the plug-in's reply payload
+    ``extra`` under ``plugin`` and its ``plugin_arrays`` under ``<plugin>.arrays``."""
     content = RecordDict()
     if arrays is not None:
         content[ARRAYS] = arrays
     # Reply payloads hold numbers only (a str would not fit a MetricRecord, which checks every value).
     content[METRICS] = MetricRecord(cast(dict[str, MetricRecordValues], encode(payload)))
     if extra is not None:
-        content[method] = MetricRecord(cast(dict[str, MetricRecordValues], encode(extra)))
+        content[plugin] = MetricRecord(cast(dict[str, MetricRecordValues], encode(extra)))
+    if plugin_arrays is not None:
+        content[plugin_arrays_key(plugin)] = plugin_arrays
     return content
 
 
@@ -123,9 +133,9 @@ def read_instruction(content: RecordDict, cls: type[T], sender: str = SERVER) ->
     return decode(cls, _record(content, CONFIG, ConfigRecord, sender), sender)
 
 
-def read_options(content: RecordDict, method: str, cls: type[T], sender: str = SERVER) -> T:
-    """A method's options record of an instruction as ``cls``."""
-    return decode(cls, _record(content, method, ConfigRecord, sender), sender)
+def read_options(content: RecordDict, plugin: str, cls: type[T], sender: str = SERVER) -> T:
+    """A plug-in's own instruction record as ``cls``."""
+    return decode(cls, _record(content, plugin, ConfigRecord, sender), sender)
 
 
 def read_reply(content: RecordDict, cls: type[T], sender: str) -> T:
@@ -133,23 +143,29 @@ def read_reply(content: RecordDict, cls: type[T], sender: str) -> T:
     return decode(cls, _record(content, METRICS, MetricRecord, sender), sender)
 
 
-def read_extra(content: RecordDict, method: str, cls: type[T], sender: str) -> T:
-    """A method's extra record of a reply as ``cls``."""
-    return decode(cls, _record(content, method, MetricRecord, sender), sender)
+def read_extra(content: RecordDict, plugin: str, cls: type[T], sender: str) -> T:
+    """A plug-in's reply payload (the reply's extra) as ``cls``."""
+    return decode(cls, _record(content, plugin, MetricRecord, sender), sender)
 
 
-def read_arrays(content: RecordDict, sender: str, like: ArrayRecord | None = None) -> ArrayRecord:
-    """The ``arrays`` record; with ``like``, checked to hold the same keys with the same shapes."""
-    arrays = _record(content, ARRAYS, ArrayRecord, sender)
+def read_plugin_arrays(content: RecordDict, plugin: str, sender: str, like: ArrayRecord | None = None) -> ArrayRecord:
+    """A plug-in's own arrays (``<plugin>.arrays``); with ``like``, checked as ``read_arrays`` does."""
+    return read_arrays(content, sender, like, key=plugin_arrays_key(plugin))
+
+
+def read_arrays(content: RecordDict, sender: str, like: ArrayRecord | None = None, key: str = ARRAYS) -> ArrayRecord:
+    """The ``arrays`` record (or the one at ``key``); with ``like``, checked to hold the same keys with
+    the same shapes."""
+    arrays = _record(content, key, ArrayRecord, sender)
     if like is not None:
         missing = sorted(set(like) - set(arrays))
         extra = sorted(set(arrays) - set(like))
         if missing or extra:
-            raise ProtocolError(sender, ARRAYS,
+            raise ProtocolError(sender, key,
                                 f"do not match the model: missing {missing[:3]}, unexpected {extra[:3]}")
         for name, array in like.items():
             if tuple(arrays[name].shape) != tuple(array.shape):
-                raise ProtocolError(sender, ARRAYS, f"array {name!r} has shape {tuple(arrays[name].shape)}: "
+                raise ProtocolError(sender, key, f"array {name!r} has shape {tuple(arrays[name].shape)}: "
                                                     f"expected {tuple(array.shape)}")
     return arrays
 

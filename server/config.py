@@ -10,13 +10,15 @@ import importlib.util
 from dataclasses import dataclass
 from typing import Any
 
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
 from common.errors import InvalidValue
 from common.folders import check_output_folder
+from common.seeding import rng_for
 from settings.run import RunSettings, run_settings
-from strategies.environment import Environment
-from strategies.registry import StrategyPlan, parse_strategy
+from settings.scene import resolved
+from strategies.context import StrategyContext
+from strategies.registry import StrategyPlan, plan_strategy
 from task.device import check_device
 
 
@@ -27,17 +29,18 @@ class RunPlan:
     settings: RunSettings
     strategy: StrategyPlan
 
-    def environment(self, **known: Any) -> Environment:
-        """What the strategy is built with; ``known`` adds what only the running server knows
-        (the model's parameter names, the scene's ground truth)."""
-        return environment(self.settings, **known)
+    def context(self, **known: Any) -> StrategyContext:
+        """The strategy's context; ``known`` adds what only the running server knows (the model's
+        parameter names, the scene's ground truth, the second network's initialiser)."""
+        return strategy_context(self.settings, **known)
 
 
-def environment(settings: RunSettings, **known: Any) -> Environment:
-    """The strategies' view of the run's settings."""
-    return Environment(num_clients=settings.num_clients, seed=settings.seed, comm_budget=settings.comm_budget,
-                       skip_failed=settings.server.on_client_error == "skip",
-                       iid=settings.scene.partition.name == "iid", ground_truth=settings.ground_truth, **known)
+def strategy_context(settings: RunSettings, **known: Any) -> StrategyContext:
+    """The strategies' view of the run's settings, with a fresh client-sampling generator."""
+    return StrategyContext(num_clients=settings.num_clients, seed=settings.seed,
+                           rng=rng_for(settings.seed, "client-sampling"), comm_budget=settings.comm_budget,
+                           skip_failed=settings.server.on_client_error == "skip",
+                           iid=settings.scene.partition.name == "iid", ground_truth=settings.ground_truth, **known)
 
 
 def check_server_extras(settings: RunSettings) -> None:
@@ -47,14 +50,12 @@ def check_server_extras(settings: RunSettings) -> None:
                            '.venv/bin/python -m pip install -e ".[tensorboard]"')
 
 
-def load_run(cfg: DictConfig) -> RunPlan:
+def load_run(cfg: DictConfig | dict[str, Any]) -> RunPlan:
     """The run's settings and its strategy's, every value checked: also that the server can write
     its out_dir and has the device it evaluates on."""
     settings = run_settings(cfg)
     check_output_folder("out_dir", settings.out_dir)
     check_device("server.device", settings.server.device)
     check_server_extras(settings)
-    strategy_cfg = OmegaConf.to_container(cfg.strategy, resolve=True)
-    assert isinstance(strategy_cfg, dict)
-    strategy = {str(key): value for key, value in strategy_cfg.items()}
-    return RunPlan(settings, parse_strategy(strategy, environment(settings)))
+    strategy = resolved(cfg)["strategy"]
+    return RunPlan(settings, plan_strategy(strategy, strategy_context(settings)))

@@ -18,14 +18,14 @@ TENSORBOARD_DIR = "tensorboard"
 class LiveCurves:
     """A TensorBoard event writer for one run.
 
-    out_dir: the run's folder; extra: the strategy's ``extra_results`` (FedCorr's iterations).
+    out_dir: the run's folder; result_blocks: the strategy's ``result_blocks`` (FedCorr's iterations).
     """
 
-    def __init__(self, out_dir: str, extra: Callable[[], dict[str, Any]]) -> None:
+    def __init__(self, out_dir: str, result_blocks: Callable[[], dict[str, Any]]) -> None:
         from torch.utils.tensorboard import SummaryWriter  # imports tensorboard: only when asked for
 
         self.writer = SummaryWriter(log_dir=str(Path(out_dir) / TENSORBOARD_DIR))
-        self.extra = extra
+        self.result_blocks = result_blocks
         self.stages: list[str] = []
         self.iterations_written = 0
 
@@ -45,7 +45,7 @@ class LiveCurves:
 
     def _new_iterations(self) -> None:
         """Log the FedCorr iterations that closed since the last call (x: the iteration)."""
-        iterations = (self.extra().get("fedcorr") or {}).get("iterations") or []
+        iterations = (self.result_blocks().get("fedcorr") or {}).get("iterations") or []
         for record in iterations[self.iterations_written:]:
             for tag, key in (("fedcorr/noise_estimate_mae", "noise_estimate_mae"),
                              ("fedcorr/label_noise", "label_noise"),

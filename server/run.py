@@ -21,7 +21,6 @@ from server.results import ResultsWriter
 from settings.run import RunSettings
 from strategies.base import RoundInfo
 from strategies.ground_truth import GroundTruth
-from strategies.registry import build_strategy
 from task.build import model_for
 
 log = logging.getLogger(__name__)
@@ -75,20 +74,20 @@ def run_server(grid: Grid, plan: RunPlan) -> dict[str, Any]:
     scene, dataset, _ = prepare_scene(settings.scene, settings.out_dir)
     model = initial_model(settings, dataset)
     truth = GroundTruth.from_scene(scene) if settings.ground_truth else None
-    env = plan.environment(parameter_names=tuple(name for name, _ in model.named_parameters()), truth=truth,
+    context = plan.context(parameter_names=tuple(name for name, _ in model.named_parameters()), truth=truth,
                            new_network=lambda: ArrayRecord(initial_model(settings, dataset, "peer-init").state_dict()))
-    strategy = build_strategy(plan.strategy, env, rng_for(settings.seed, "client-sampling"))
+    strategy = plan.strategy.build(context)
     strategy.bind(discover(grid, settings.num_clients, settings.server.node_wait_timeout,
                            settings.server.round_timeout))
     num_rounds = strategy.planned_rounds()
-    live = LiveCurves(settings.out_dir, strategy.extra_results) if settings.logging.tensorboard else None
+    live = LiveCurves(settings.out_dir, strategy.result_blocks) if settings.logging.tensorboard else None
     strategy.observe(RoundReporter(settings, CentralEvaluator(settings, dataset), results, num_rounds, live))
     try:
         strategy.start(grid, ArrayRecord(model.state_dict()), timeout=settings.server.round_timeout)
     finally:
         if live is not None:
             live.close()
-    extra = strategy.extra_results()
-    for name, block in extra.items():
+    blocks = strategy.result_blocks()
+    for name, block in blocks.items():
         results.write_table(f"{name}_clients.csv", block.get("clients", []))
-    return results.finish(**extra)
+    return results.finish(**blocks)

@@ -18,7 +18,7 @@ from flwr.clientapp import ClientApp
 from flwr.serverapp import ServerApp
 
 from common.errors import ConfigError, InvalidValue
-from common.validation import check_int
+from common.validation import Interval
 from settings.run import SimulationSettings
 
 RunConfig = dict[str, bool | int | float | str]
@@ -130,7 +130,7 @@ def run_simulation_engine(
 
 def _check_arguments(num_supernodes: int, run_config: RunConfig) -> None:
     """Raise ConfigError for the first bad argument."""
-    check_int("num_supernodes", num_supernodes, low=1)
+    Interval(int, 1).check("num_supernodes", num_supernodes)
     if not isinstance(run_config, dict):
         raise ConfigError(f"run_config={run_config!r} is invalid: allowed is a dict of str to bool/int/float/str")
     for key, value in run_config.items():

@@ -10,7 +10,7 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 from common.errors import InvalidValue
-from common.validation import settings_from_mapping
+from common.validation import from_mapping
 from data.scene import DatasetSource, SceneSpec
 
 
@@ -28,7 +28,7 @@ def scene_spec(cfg: DictConfig | dict[str, Any]) -> SceneSpec:
     ``noise``)."""
     values = resolved(cfg)
     dataset = {key: value for key, value in values["dataset"].items() if key != "transforms"}
-    source = settings_from_mapping(DatasetSource, dataset, "dataset")
+    source = from_mapping(DatasetSource, dataset, "dataset")
     return SceneSpec.build(source, values["num_clients"], values["seed"], values["partition"], values["noise"])
 
 

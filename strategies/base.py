@@ -1,22 +1,26 @@
-"""What every strategy of ours shares: clients addressed by partition id, replies checked (failure
-policy and protocol) before aggregation, and one run log whose observer sees every finished round."""
+"""What every strategy of ours shares: a name and typed settings, clients addressed by partition id,
+replies checked (failure policy and protocol) before aggregation, and one run log whose observer
+sees every finished round."""
 
 from __future__ import annotations
 
 import logging
+import typing
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any, ClassVar, TypeVar
 
-import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Result, Strategy
 
+from common.validation import Checked
 from protocol.codec import ProtocolError
-from protocol.messages import TrainRes, read_arrays, read_reply
+from protocol.messages import read_arrays, read_reply
+from strategies.context import StrategyContext
 from strategies.federation import Federation
 from strategies.replies import answering_node, short_reason
+from task.local_training import TrainStats
 
 log = logging.getLogger(__name__)
 
@@ -73,31 +77,61 @@ class RunLog:
 
 @dataclass(frozen=True)
 class TrainReply:
-    """A checked ``train`` reply: the trained arrays, the client's report, and a method's extra."""
+    """A checked ``train`` reply: the trained arrays, the client's stats, and its plug-in's reply
+    payload (None when the plug-in sends none)."""
 
     arrays: ArrayRecord
-    result: TrainRes
+    result: TrainStats
     extra: Any = None
 
 
-class FederatedStrategy(Strategy):
-    """Base class. Subclasses implement ``planned_rounds`` and Flower's ``configure_train`` /
-    ``aggregate_train`` using ``messages``, ``collect``/``exchange`` and ``record_round``; ``start`` runs
-    them in Flower's round loop and returns the run log's ``Result``.
+class StrategySettings(Checked):
+    """Base of a strategy's settings: frozen dataclasses whose options are declared once
+    (``common.validation.option``) and whose defaults come from ``conf/strategy/<name>.yaml``."""
 
-    rng: the generator every client-sampling decision draws from (seeded from the run's seed).
-    skip_failed: False stops the run when a client raises, times out or sends a bad reply, naming its
-        partition; True drops that client from the round with a warning (``server.on_client_error``).
+    def check_run(self, context: StrategyContext) -> None:
+        """Checks that need the run (federation size, budget, ground truth); an ``InvalidValue`` names
+        its key within the strategy's block (none by default)."""
+
+
+class FederatedStrategy(Strategy):
+    """Base class of every strategy: one class per file, found by its ``name``, built from its
+    settings (the type its ``settings`` attribute declares) and the run's context.
+
+    Subclasses implement ``planned_rounds`` and Flower's ``configure_train`` / ``aggregate_train`` using
+    ``messages``, ``collect``/``exchange`` and ``record_round``; ``start`` runs them in Flower's round
+    loop and returns the run log's ``Result``. The client-sampling generator is ``context.rng``; with
+    ``context.skip_failed`` a client that raises, times out or sends a bad reply is dropped from its
+    round with a warning, else the run stops naming it (``server.on_client_error``).
     """
 
-    def __init__(self, *, rng: np.random.Generator, skip_failed: bool = False) -> None:
-        self.rng = rng
-        self.skip_failed = skip_failed
+    name: ClassVar[str]
+    settings: StrategySettings
+    min_client_samples: ClassVar[int] = 1
+    """The fewest samples a client may hold (LID needs a neighbour, a loss mixture two losses)."""
+
+    def __init__(self, settings: StrategySettings, context: StrategyContext) -> None:
+        self.settings = settings
+        self.context = context
+        self.rng = context.rng
+        self.skip_failed = context.skip_failed
         self.log = RunLog()
         self.timeout = 3600.0
         self.global_arrays: ArrayRecord | None = None  # what this round's clients start from
         self._federation: Federation | None = None
         self._sent: dict[int, Message] = {}
+
+    @classmethod
+    def settings_type(cls) -> type[StrategySettings]:
+        """The settings dataclass the strategy is built from: the type of its ``settings``."""
+        declared = typing.get_type_hints(cls)["settings"]
+        assert isinstance(declared, type) and issubclass(declared, StrategySettings)
+        return declared
+
+    @classmethod
+    def check_run(cls, settings: StrategySettings, context: StrategyContext) -> None:
+        """Every check of ``settings`` that needs the run, before any work (``settings.check_run``)."""
+        settings.check_run(context)
 
     @property
     def federation(self) -> Federation:
@@ -128,8 +162,8 @@ class FederatedStrategy(Strategy):
         """How many rounds the run will take (for progress and the final evaluation)."""
         raise NotImplementedError
 
-    def extra_results(self) -> dict[str, Any]:
-        """Method-specific blocks for results.json (e.g. FedCorr's detection metrics)."""
+    def result_blocks(self) -> dict[str, Any]:
+        """The strategy's own blocks of results.json (e.g. FedCorr's detection metrics)."""
         return {}
 
     def summary(self) -> None:
@@ -182,7 +216,8 @@ class FederatedStrategy(Strategy):
 
     def read_train(self, content: RecordDict, sender: str) -> TrainReply:
         """A ``train`` reply: arrays shaped like the global model's, and the client's report."""
-        return TrainReply(read_arrays(content, sender, like=self.global_arrays), read_reply(content, TrainRes, sender))
+        return TrainReply(read_arrays(content, sender, like=self.global_arrays),
+                          read_reply(content, TrainStats, sender))
 
     # --- rounds --------------------------------------------------------------------------------
 

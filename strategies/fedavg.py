@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterable
-from dataclasses import dataclass
-from typing import Any
+from collections.abc import Iterable
+from typing import Any, ClassVar
 
 import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord
@@ -15,9 +14,10 @@ from common.errors import ConfigError
 from models.peer_pair import is_pair_state
 from protocol.messages import TRAIN, TrainIns, instruction
 from strategies.aggregation import as_numpy, as_record, peer_pair, weighted_average
-from strategies.base import FederatedStrategy, TrainReply
-from strategies.registry import RoundMethod, round_entry
-from strategies.sampling import round_size, sample_clients
+from strategies.base import FederatedStrategy, StrategySettings, TrainReply
+from strategies.context import StrategyContext
+from strategies.rounds import RoundSettings
+from strategies.sampling import sample_clients
 from task.local_training import LocalTraining
 
 log = logging.getLogger(__name__)
@@ -52,43 +52,58 @@ class FedAvg(FederatedStrategy):
     """Each round, a fresh uniform sample of clients trains from the global model; the server
     averages all their state arrays (parameters and BatchNorm buffers) weighted by local set size.
 
-    num_rounds: rounds to run.
-    fraction: share of all clients sampled per round (at least ``min_clients``).
-    min_clients: the smallest round size.
-    train: the local SGD settings clients train with (and their learner). The learner's schedule
-        (LSR's gamma_t, Co-teaching's forget rate) runs on this strategy's own rounds, from 0.
-    stage: the stage name written in the round log (FedCorr's stage 3 is "usual").
-    new_network: a fresh, seeded network for the learner's second network when it trains two
-        (Co-teaching) and the global model is still one network (the start, or FedCorr's stage 3).
-    rng, skip_failed: see ``FederatedStrategy``.
+    The base of the round-based strategies, each usable standalone and, unless it has stages of its
+    own (``stage3 = False``), as FedCorr's stage 3. The learner's schedule (LSR's gamma_t,
+    Co-teaching's forget rate) runs on this strategy's own rounds, from 0. With a learner that trains
+    two networks, ``context.new_network`` gives the second one while the global model is one network
+    (the start, or FedCorr's stage 3).
+
+    stage: the stage name written in the round log (default: the strategy's name; FedCorr's stage 3
+        is "usual").
     """
 
-    def __init__(
-        self,
-        *,
-        num_rounds: int,
-        fraction: float,
-        train: LocalTraining,
-        min_clients: int = 1,
-        stage: str = "fedavg",
-        new_network: Callable[[], ArrayRecord] | None = None,
-        rng: np.random.Generator,
-        skip_failed: bool = False,
-    ) -> None:
-        super().__init__(rng=rng, skip_failed=skip_failed)
-        self.num_rounds = num_rounds
-        self.fraction = fraction
-        self.min_clients = min_clients
-        self.train = train
-        self.stage = stage
-        self.new_network = new_network
+    name = "fedavg"
+    settings: RoundSettings
+    learner: ClassVar[str | None] = None
+    """The learner the method always trains with (FedLSR's lsr); None: the ``train`` block's."""
+    two_networks: ClassVar[bool] = True
+    """Whether it works with a learner that trains two networks (Co-teaching)."""
+    stage3: ClassVar[bool] = True
+    """Whether FedCorr may run it as its stage 3."""
+
+    def __init__(self, settings: RoundSettings, context: StrategyContext, stage: str | None = None) -> None:
+        super().__init__(settings, context)
+        self.num_rounds = settings.rounds_under(context.comm_budget, context.num_clients)
+        self.train = self.training(settings.train)
+        self.stage = stage or self.name
         self.stage_rounds = 0
+
+    @classmethod
+    def training(cls, train: LocalTraining) -> LocalTraining:
+        """The local training the method's clients do, from the ``train`` block's."""
+        return train if cls.learner is None else train.but(learner=cls.learner)
+
+    @classmethod
+    def check_learner(cls, train: LocalTraining, key: str) -> None:
+        """Refuse a learner the method cannot train with (``key``: where the learner was set)."""
+        if cls.learner is not None and train.learner not in ("ce", cls.learner):
+            raise ConfigError(f"{key}={train.learner} is invalid: {cls.name} trains with learner {cls.learner}")
+        if cls.training(train).peers and not cls.two_networks:
+            raise ConfigError(f"{key}={train.learner} is invalid: {cls.name} works with one network; "
+                              "a learner that trains two (coteaching) needs another strategy")
+
+    @classmethod
+    def check_run(cls, settings: StrategySettings, context: StrategyContext) -> None:
+        """The settings' run checks, and a learner the method can train with."""
+        super().check_run(settings, context)
+        assert isinstance(settings, RoundSettings)
+        cls.check_learner(settings.train, "strategy.train.learner")
 
     def summary(self) -> None:
         """Log the schedule and the local training."""
         log.info("%s: %d rounds, fraction=%s, min_clients=%d, stage=%s, skip_failed=%s, train=%s",
-                 type(self).__name__, self.num_rounds, self.fraction, self.min_clients, self.stage,
-                 self.skip_failed, self.train)
+                 type(self).__name__, self.num_rounds, self.settings.fraction, self.settings.min_clients,
+                 self.stage, self.skip_failed, self.train)
 
     def planned_rounds(self) -> int:
         """``num_rounds``."""
@@ -96,7 +111,7 @@ class FedAvg(FederatedStrategy):
 
     def round_size(self) -> int:
         """Clients per round: ``fraction`` of the federation, at least ``min_clients``."""
-        return round_size(self.fraction, len(self.federation.partition_ids), self.min_clients)
+        return self.settings.round_size(len(self.federation.partition_ids))
 
     def select(self, server_round: int, arrays: ArrayRecord, grid: Grid) -> list[int]:
         """The clients that train this round: a fresh uniform sample."""
@@ -113,13 +128,13 @@ class FedAvg(FederatedStrategy):
         learner trains two networks and ``arrays`` hold one."""
         if not self.train.peers or is_pair_state(arrays.keys()):
             return arrays
-        if self.new_network is None:
+        if self.context.new_network is None:
             raise ConfigError(f"learner={self.train.learner} trains two networks; the server gave no way "
                               "to initialise the second one")
-        return peer_pair(arrays, self.new_network())
+        return peer_pair(arrays, self.context.new_network())
 
-    def train_options(self) -> Any:
-        """The client plug-in's options sent with the instruction (None: none)."""
+    def plugin_ins(self, pid: int) -> Any:
+        """Client ``pid``'s plug-in instruction sent beside the train instruction (None: none)."""
         return None
 
     def aggregate(self, replies: dict[int, TrainReply]) -> ArrayRecord:
@@ -134,8 +149,8 @@ class FedAvg(FederatedStrategy):
         self.global_arrays = arrays
         chosen = self.select(server_round, arrays, grid)
         ins = self.train_instruction(server_round)
-        content = instruction(ins, arrays=arrays, options=self.train_options(), method=ins.method)
-        return self.messages({pid: content for pid in chosen}, TRAIN)
+        return self.messages({pid: instruction(ins, arrays=arrays, options=self.plugin_ins(pid), plugin=ins.plugin)
+                              for pid in chosen}, TRAIN)
 
     def aggregate_train(
         self, server_round: int, replies: Iterable[Message]
@@ -146,11 +161,3 @@ class FedAvg(FederatedStrategy):
         self.stage_rounds += 1
         self.record_round(server_round, self.stage, list(good), train_loss, arrays)
         return arrays, MetricRecord({"train-loss": train_loss})
-
-
-@dataclass(frozen=True)
-class NoOptions:
-    """A round-based method without options of its own."""
-
-
-STRATEGY = round_entry("fedavg", RoundMethod(NoOptions, FedAvg))

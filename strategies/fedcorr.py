@@ -23,7 +23,7 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -33,19 +33,18 @@ from flwr.serverapp.strategy import Result
 
 from common.errors import InvalidValue
 from common.mixture import GUARDS, high_component
-from common.validation import Choice, Flag, Integer, Nullable, Number, check_fields, rule, settings_from_mapping
+from common.validation import Checked, Flag, Interval, Options, from_mapping, option
 from protocol.codec import ProtocolError
-from protocol.fedcorr import CORRECT, LOSS_MODELS, METHOD, CorrectIns, CorrectRes, LidScore, Stage1Options
+from protocol.fedcorr import CORRECT, LOSS_MODELS, PLUGIN, CorrectIns, CorrectRes, LidRes, Stage1Ins
 from protocol.messages import TRAIN, TrainIns, instruction, read_extra, read_reply
-from strategies.base import FederatedStrategy, TrainReply
-from strategies.environment import Environment
-from strategies.fedavg import average_arrays, mean_train_loss
+from strategies.base import FederatedStrategy, StrategySettings, TrainReply
+from strategies.context import StrategyContext
+from strategies.fedavg import FedAvg, average_arrays, mean_train_loss
 from strategies.fedcorr_metrics import FedCorrMonitor
-from strategies.ground_truth import GroundTruth
-from strategies.registry import StrategyEntry, parse_training, round_method
+from strategies.registry import strategy_classes
 from strategies.rounds import RoundSettings
 from strategies.sampling import round_size, sample_clients
-from task.learner_options import LEARNERS
+from task.learner_settings import LEARNERS
 from task.local_training import PROX_NORMS, LocalTraining
 
 log = logging.getLogger(__name__)
@@ -54,72 +53,61 @@ PREPROCESS, FINETUNE, USUAL, DONE = "preprocess", "finetune", "usual", "done"
 
 
 @dataclass(frozen=True)
-class FedCorrAblation:
-    """Table 6's ablations: each True keeps that component, as in the paper.
+class FedCorrAblation(Checked):
+    """Table 6's ablations: each true keeps that component, as in the paper."""
 
-    correction: relabel (False still estimates mu_hat, so S_c and the proximal term work).
-    fraction_scheduling: stage 1 in rounds of frac1 N (False: frac2 N).
-    local_proximal: the adaptive proximal term (False: weight 0).
-    finetuning: the T2 rounds (False skips them but keeps the end-of-stage-2 relabelling).
-    usual_training: stage 3. mixup: stage-1 mixup.
-    """
+    correction: bool = option(Flag(), "relabel (false still estimates mu_hat, so S_c and the proximal term work)")
+    fraction_scheduling: bool = option(Flag(), "stage 1 in rounds of frac1 N (false: frac2 N)")
+    local_proximal: bool = option(Flag(), "the adaptive proximal term (false: weight 0)")
+    finetuning: bool = option(Flag(), "the T2 rounds (false skips them, keeping the end-of-stage-2 relabelling)")
+    usual_training: bool = option(Flag(), "stage 3")
+    mixup: bool = option(Flag(), "stage-1 mixup")
 
-    correction: bool = field(default=True, metadata=rule(Flag()))
-    fraction_scheduling: bool = field(default=True, metadata=rule(Flag()))
-    local_proximal: bool = field(default=True, metadata=rule(Flag()))
-    finetuning: bool = field(default=True, metadata=rule(Flag()))
-    usual_training: bool = field(default=True, metadata=rule(Flag()))
-    mixup: bool = field(default=True, metadata=rule(Flag()))
 
-    def __post_init__(self) -> None:
-        check_fields(self)
+def stage3_classes() -> dict[str, type[FedAvg]]:
+    """The strategies FedCorr may run as its stage 3: the round-based ones without stages of their own."""
+    return {name: cls for name, cls in strategy_classes().items() if issubclass(cls, FedAvg) and cls.stage3}
+
+
+_SHARE = Interval(float, 0.0, 1.0)
+_FRACTION = Interval(float, 0.0, 1.0, closed="right")
 
 
 @dataclass(frozen=True)
-class FedCorrSettings:
-    """FedCorr's hyperparameters (paper Table 7 and Appendix B; ``conf/strategy/fedcorr.yaml``).
+class FedCorrSettings(StrategySettings):
+    """FedCorr's settings (paper Table 7 and Appendix B; ``conf/strategy/fedcorr.yaml``). Stage 1 trains
+    with mixup (Sec. 3.2); ``stage3=fedlsr`` trains with ``lsr`` on its own."""
 
-    train: the local-SGD settings every stage starts from.
-    t1, t2, t3: iterations of stage 1, rounds of stage 2 and of stage 3.
-    frac1: stage-1 fraction (None: 1/N, the paper's); frac2: fraction of stages 2-3.
-    beta: weight of the adaptive proximal term (5); prox_norm: squared (eq. 5) | l2.
-    lid_k: neighbours for the LID estimate (20); mixup_alpha: mixup's Beta(alpha, alpha) (1).
-    pi: relabel ratio; theta: confidence threshold; kappa: clean-client threshold on mu_hat (0.1).
-    split_losses: whose per-sample losses the noisy-subset GMM splits: ``local`` (the client's model
-        right after its stage-1 training, Sec. 3.2) | ``global`` (the end-of-iteration global model).
-    rank_losses: whose losses pick the top pi of D_n: ``global`` (eq. 6) | ``local`` (released code).
-    client_split_guard: ``none`` (the paper: always split the cumulative LID) | ``bic`` |
-        ``separation`` (decline the split when the scores look like one population; common.mixture).
-    stage3: the stage-3 strategy (a round-based one); stage3_options: its options.
-    stage3_learner: the learner of stage 3 (None: the ``train`` block's, which stage 2 uses too);
-        ``stage3=fedlsr`` trains with ``lsr`` on its own. Stage 1 trains with mixup (Sec. 3.2).
-    ablation: Table 6's switches.
-    """
-
-    train: LocalTraining
-    t1: int = field(metadata=rule(Integer(low=1)))
-    t2: int = field(metadata=rule(Integer(low=0)))
-    t3: int = field(metadata=rule(Integer(low=0)))
-    frac1: float | None = field(metadata=rule(Nullable(Number(low=0.0, high=1.0, low_open=True))))
-    frac2: float = field(metadata=rule(Number(low=0.0, high=1.0, low_open=True)))
-    beta: float = field(metadata=rule(Number(low=0.0)))
-    prox_norm: str = field(metadata=rule(Choice(PROX_NORMS)))
+    train: LocalTraining = option(meaning="the local training every stage starts from")
+    t1: int = option(Interval(int, 1), "stage-1 iterations (every client trains once per iteration)")
+    t2: int = option(Interval(int, 0), "stage-2 (finetuning) rounds")
+    t3: int = option(Interval(int, 0), "stage-3 (usual training) rounds")
+    frac1: float | None = option(Interval(float, 0.0, 1.0, closed="right", or_none=True),
+                                 "stage-1 fraction (null: 1/N, one client per round, the paper's)")
+    frac2: float = option(_FRACTION, "the fraction of stages 2 and 3")
+    beta: float = option(Interval(float, 0.0), "weight of the adaptive proximal term beta * mu_hat_k (stage 1)")
+    prox_norm: str = option(Options(PROX_NORMS), "squared (eq. 5) | l2 (the unsquared norm)")
     # With one neighbour every LID is 0 (eq. 2 divides by log(r_1 / r_1)): detection would be off.
-    lid_k: int = field(metadata=rule(Integer(low=2)))
-    mixup_alpha: float = field(metadata=rule(Number(low=0.0)))
-    pi: float = field(metadata=rule(Number(low=0.0, high=1.0)))
-    theta: float = field(metadata=rule(Number(low=0.0, high=1.0)))
-    kappa: float = field(metadata=rule(Number(low=0.0, high=1.0)))
-    split_losses: str = field(default="local", metadata=rule(Choice(LOSS_MODELS)))
-    rank_losses: str = field(default="global", metadata=rule(Choice(LOSS_MODELS)))
-    client_split_guard: str = field(default="none", metadata=rule(Choice(GUARDS)))
-    stage3: str = "fedavg"
-    stage3_options: Any = None
-    stage3_learner: str | None = field(default=None, metadata=rule(Nullable(Choice(LEARNERS))))
-    ablation: FedCorrAblation = FedCorrAblation()
+    lid_k: int = option(Interval(int, 2), "neighbours of the LID estimate")
+    mixup_alpha: float = option(Interval(float, 0.0), "stage-1 mixup's Beta(alpha, alpha)")
+    pi: float = option(_SHARE, "the relabel ratio")
+    theta: float = option(_SHARE, "the confidence threshold")
+    kappa: float = option(_SHARE, "the clean-client threshold on mu_hat for finetuning")
+    split_losses: str = option(Options(LOSS_MODELS), "whose per-sample losses the noisy-sample GMM splits: "
+                                                     "local (Sec. 3.2) | global")
+    rank_losses: str = option(Options(LOSS_MODELS), "whose losses pick the top pi of the noisy subset: "
+                                                    "global (eq. 6) | local")
+    client_split_guard: str = option(Options(GUARDS), "none (the paper: always split) | bic | separation")
+    stage3: str = option(meaning="the stage-3 strategy: a round-based one without stages of its own")
+    stage3_options: dict[str, dict[str, object]] = option(
+        meaning="each stage-3 strategy's own options, by name (every block is checked)")
+    stage3_learner: str | None = option(Options(LEARNERS, or_none=True),
+                                        "stage 3's learner (null: train.learner, as stage 2)")
+    ablation: FedCorrAblation = option(meaning="Table 6's switches")
 
-    def __post_init__(self) -> None:
-        check_fields(self)
+    def check(self) -> None:
+        """One network in stages 1-2, a stage-3 learner the train block allows, and every stage-3
+        block valid for its strategy."""
         if self.train.peers:
             raise InvalidValue("train.learner", self.train.learner,
                                "a learner of one network: FedCorr's stages 1-2 train and query one "
@@ -129,51 +117,71 @@ class FedCorrSettings:
                 self.train.but(learner=self.stage3_learner)
             except InvalidValue as err:
                 raise err.under("train") from None
+        self.stage3_class()
+        for name in self.stage3_options:
+            self.stage3_settings(name)
+
+    def stage3_class(self, name: str | None = None) -> type[FedAvg]:
+        """The class of stage-3 strategy ``name`` (default: ``stage3``)."""
+        classes = stage3_classes()
+        if name is None and self.stage3 not in classes:
+            raise InvalidValue("stage3", self.stage3, f"allowed are {', '.join(classes)}")
+        if name is not None and name not in classes:
+            raise InvalidValue("stage3_options", name, f"allowed are {', '.join(classes)}")
+        return classes[self.stage3 if name is None else name]
+
+    def stage3_training(self) -> LocalTraining:
+        """Stage 3's local training: the train block's, with ``stage3_learner`` if set."""
+        return self.train if self.stage3_learner is None else self.train.but(learner=self.stage3_learner)
+
+    def stage3_settings(self, name: str | None = None) -> RoundSettings:
+        """The settings of stage-3 strategy ``name`` (default: ``stage3``): T3 rounds at frac2, and its
+        own options from ``stage3_options``."""
+        cls = self.stage3_class(name)
+        block = self.stage3_options.get(cls.name) or {}
+        settings = from_mapping(cls.settings_type(), block, f"stage3_options.{cls.name}",
+                                train=self.stage3_training(), num_rounds=self.t3, fraction=self.frac2, min_clients=1)
+        assert isinstance(settings, RoundSettings)
+        return settings
 
     def stage1_round_size(self, num_clients: int) -> int:
         """m1; without fraction scheduling stage 1 visits clients with the larger frac2."""
         fraction = self.frac2 if not self.ablation.fraction_scheduling else (self.frac1 or 1.0 / num_clients)
         return round_size(fraction, num_clients)
 
-    def stage3_rounds(self, num_clients: int) -> RoundSettings:
-        """Stage 3's schedule: T3 rounds at frac2, or with ``comm_budget`` what stages 1-2 leave."""
-        train = self.train if self.stage3_learner is None else self.train.but(learner=self.stage3_learner)
-        return RoundSettings(train=train, num_rounds=self.t3, fraction=self.frac2)
+    def stages12_participations(self, num_clients: int) -> int:
+        """The client participations of stage 1 (T1 * N) and stage 2 (T2 * m)."""
+        finetuning = self.t2 * round_size(self.frac2, num_clients) if self.ablation.finetuning else 0
+        return self.t1 * num_clients + finetuning
 
-    def t3_under(self, comm_budget: int | None, num_clients: int) -> int:
-        """T3, or with a budget the stage-3 rounds left after stage 1 (T1 * N) and stage 2 (T2 * m)."""
-        rounds = self.stage3_rounds(num_clients)
-        finetuning = self.t2 * rounds.round_size(num_clients) if self.ablation.finetuning else 0
-        return rounds.rounds_under(comm_budget, num_clients, self.t1 * num_clients + finetuning,
-                                   "FedCorr's stages 1-2")
+    def check_run(self, context: StrategyContext) -> None:
+        """A budget must pay for stages 1-2, and stage 3 must work with its learner and the run."""
+        spent = self.stages12_participations(context.num_clients)
+        self.stage3_settings().rounds_under(context.comm_budget, context.num_clients, spent, "FedCorr's stages 1-2")
+        key = "strategy.train.learner" if self.stage3_learner is None else "strategy.stage3_learner"
+        self.stage3_class().check_learner(self.stage3_training(), key)
+        try:
+            self.stage3_settings().check_options(context.after(spent))
+        except InvalidValue as err:
+            raise err.under(f"stage3_options.{self.stage3}") from None
 
 
 class FedCorr(FederatedStrategy):
-    """The three-stage FedCorr strategy.
+    """The three-stage FedCorr strategy. Stage 3 is its own strategy (``settings.stage3``) sharing
+    FedCorr's run log and sampling generator, so rounds, cost and draws run on; its budget is what
+    stages 1-2 leave. The run's seed is the LID GMM's random_state (clients derive their loss-GMM
+    seeds from it); the scene's ground truth, if any, scores detection and correction."""
 
-    settings: FedCorrSettings.
-    stage3: the strategy of stage 3; it shares FedCorr's run log, so rounds and cost run on.
-    seed: the run's seed (the LID GMM's random_state; clients derive their loss-GMM seeds from it).
-    truth: ground truth of the simulated scene, for detection/correction metrics; None without.
-    rng, skip_failed: see ``FederatedStrategy``.
-    """
+    name = "fedcorr"
+    settings: FedCorrSettings
+    # A client's LID compares each prediction with at least one neighbour's.
+    min_client_samples = 2
 
-    def __init__(
-        self,
-        *,
-        settings: FedCorrSettings,
-        stage3: FederatedStrategy,
-        seed: int,
-        truth: GroundTruth | None,
-        rng: np.random.Generator,
-        skip_failed: bool = False,
-    ) -> None:
-        super().__init__(rng=rng, skip_failed=skip_failed)
-        stage3.log = self.log
-        self.settings = settings
-        self.stage3 = stage3
-        self.seed = seed
-        self.truth = truth
+    def __init__(self, settings: FedCorrSettings, context: StrategyContext) -> None:
+        super().__init__(settings, context)
+        spent = settings.stages12_participations(context.num_clients)
+        self.stage3 = settings.stage3_class()(settings.stage3_settings(), context.after(spent), stage=USUAL)
+        self.stage3.log = self.log
         self.monitor: FedCorrMonitor | None = None
         self.stage = PREPROCESS
         self.iteration = 1
@@ -191,7 +199,7 @@ class FedCorr(FederatedStrategy):
         """Bind the federation here and in stage 3; every client starts with mu_hat = 0 and no LID."""
         super().bind(federation)
         self.stage3.bind(federation)
-        self.monitor = FedCorrMonitor(federation.partition_ids, self.truth)
+        self.monitor = FedCorrMonitor(federation.partition_ids, self.context.truth)
         self.mu_hat = dict.fromkeys(federation.partition_ids, 0.0)
         self.cumulative = dict.fromkeys(federation.partition_ids, 0.0)
 
@@ -207,10 +215,10 @@ class FedCorr(FederatedStrategy):
         return (stage1 + (s.t2 if ablation.finetuning else 0)
                 + (self.stage3.planned_rounds() if ablation.usual_training else 0))
 
-    def extra_results(self) -> dict[str, Any]:
+    def result_blocks(self) -> dict[str, Any]:
         """Stage 3's blocks (if it runs) and FedCorr's detection and correction metrics."""
-        extra = self.stage3.extra_results() if self.settings.ablation.usual_training else {}
-        return {**extra, "fedcorr": self.monitor.results()} if self.monitor else extra
+        blocks = self.stage3.result_blocks() if self.settings.ablation.usual_training else {}
+        return {**blocks, "fedcorr": self.monitor.results()} if self.monitor else blocks
 
     def start(self, grid: Grid, initial_arrays: ArrayRecord, num_rounds: int | None = None,
               timeout: float = 3600, *args: Any, **kwargs: Any) -> Result:
@@ -282,13 +290,13 @@ class FedCorr(FederatedStrategy):
             prox_weight=s.beta * self.mu_hat[pid] if ablation.local_proximal else 0.0,
             prox_norm=s.prox_norm,
         )
-        options = Stage1Options(lid_k=s.lid_k, keep_losses="local" in (s.split_losses, s.rank_losses))
-        return instruction(TrainIns(server_round, training, method=METHOD), arrays=arrays,
-                           options=options, method=METHOD)
+        options = Stage1Ins(lid_k=s.lid_k, keep_losses="local" in (s.split_losses, s.rank_losses))
+        return instruction(TrainIns(server_round, training, plugin=PLUGIN), arrays=arrays,
+                           options=options, plugin=PLUGIN)
 
     def _read_stage1(self, content: RecordDict, sender: str) -> TrainReply:
         reply = self.read_train(content, sender)
-        return TrainReply(reply.arrays, reply.result, read_extra(content, METHOD, LidScore, sender))
+        return TrainReply(reply.arrays, reply.result, read_extra(content, PLUGIN, LidRes, sender))
 
     def _end_iteration(self, arrays: ArrayRecord) -> None:
         """Algorithm 1 lines 8-12: cumulative LID, the client split, noise estimates and relabelling."""
@@ -308,7 +316,7 @@ class FedCorr(FederatedStrategy):
         guard, if any, finds one population)."""
         pids = sorted(cumulative)
         guard = self.settings.client_split_guard
-        flagged = high_component(np.array([cumulative[pid] for pid in pids]), seed=self.seed, guard=guard)
+        flagged = high_component(np.array([cumulative[pid] for pid in pids]), seed=self.context.seed, guard=guard)
         if guard != "none" and not flagged.any():
             log.info("FedCorr: the %s guard finds one population in the cumulative LID; no client is flagged",
                      guard)
@@ -359,7 +367,8 @@ class FedCorr(FederatedStrategy):
         s = self.settings
         ins = CorrectIns(mode=mode, pi=s.pi, theta=s.theta, relabel=s.ablation.correction,
                          split_losses=s.split_losses, rank_losses=s.rank_losses,
-                         losses_since=self._iteration_start, seed=self.seed, diagnostics=self.truth is not None)
+                         losses_since=self._iteration_start, seed=self.context.seed,
+                         diagnostics=self.context.truth is not None)
         content = instruction(ins, arrays=arrays)
 
         def read(reply: RecordDict, sender: str) -> CorrectRes:
@@ -371,39 +380,3 @@ class FedCorr(FederatedStrategy):
         replies = self.exchange(self._grid, {pid: content for pid in clients}, CORRECT, read)
         self.monitor.corrected(replies, mode)
         return replies
-
-
-def _parse(cfg: Mapping[str, Any], prefix: str) -> FedCorrSettings:
-    stage3 = cfg.get("stage3", "fedavg")
-    method = round_method(stage3, f"{prefix}.stage3")
-    blocks = cfg.get("stage3_options") or {}
-    # Every block is checked, not only the chosen stage 3's: a typo in another is a mistake too.
-    for name, block in blocks.items():
-        round_method(name, f"{prefix}.stage3_options").parse_options(block or {}, f"{prefix}.stage3_options.{name}")
-    options = method.parse_options(blocks.get(stage3) or {}, f"{prefix}.stage3_options.{stage3}")
-    ablation = settings_from_mapping(FedCorrAblation, cfg.get("ablation") or {}, f"{prefix}.ablation")
-    given = {"train": parse_training(cfg, prefix), "stage3_options": options, "ablation": ablation}
-    return settings_from_mapping(FedCorrSettings, cfg, prefix, **given)
-
-
-def _check(settings: FedCorrSettings, env: Environment) -> None:
-    settings.t3_under(env.comm_budget, env.num_clients)
-    method = round_method(settings.stage3, "strategy.stage3")
-    rounds = settings.stage3_rounds(env.num_clients)
-    key = "strategy.train.learner" if settings.stage3_learner is None else "strategy.stage3_learner"
-    method.check_learner(rounds.train, settings.stage3, key)
-    if method.check is not None:
-        method.check(settings.stage3_options, rounds.round_size(env.num_clients), env,
-                     f"strategy.stage3_options.{settings.stage3}")
-
-
-def _build(settings: FedCorrSettings, env: Environment, rng: np.random.Generator) -> FedCorr:
-    stage3 = round_method(settings.stage3, "strategy.stage3").make(
-        settings.stage3_rounds(env.num_clients), settings.stage3_options, env, rng, stage=USUAL,
-        num_rounds=settings.t3_under(env.comm_budget, env.num_clients))
-    return FedCorr(settings=settings, stage3=stage3, seed=env.seed, truth=env.truth, rng=rng,
-                   skip_failed=env.skip_failed)
-
-
-# A client's LID compares each prediction with at least one neighbour's.
-STRATEGY = StrategyEntry("fedcorr", _parse, _check, _build, min_client_samples=2)

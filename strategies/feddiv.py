@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterable, Mapping
-from dataclasses import asdict, dataclass, field, fields, replace
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -25,17 +25,15 @@ from flwr.app import ArrayRecord, ConfigRecord, Message, RecordDict
 from flwr.serverapp import Grid
 
 from common.errors import ConfigError, InvalidValue
-from common.validation import Choice, Integer, Nullable, Number, check_fields, rule, settings_from_mapping
-from protocol.feddiv import METHOD, FedDivOptions, FedDivParams, FedDivReport
+from common.validation import Interval, Options, option
+from protocol.feddiv import PLUGIN, FedDivClientSettings, FedDivIns, FedDivRes
 from protocol.messages import TRAIN, TrainIns, instruction, read_extra
 from strategies.base import TrainReply
+from strategies.context import StrategyContext
 from strategies.detection import counted_scores, detection_block, mean_abs_error
-from strategies.environment import Environment
 from strategies.fedavg import FedAvg
 from strategies.ground_truth import GroundTruth
-from strategies.registry import StrategyEntry, parse_training
 from strategies.rounds import RoundSettings
-from task.local_training import LocalTraining
 from task.noise_filter import NoiseFilter, aggregate_filters
 
 log = logging.getLogger(__name__)
@@ -50,39 +48,35 @@ WARMUP_SCHEDULES = ("sequential", "rounds")
 
 
 @dataclass(frozen=True)
-class FedDivSettings:
-    """FedDiv's settings (``conf/strategy/feddiv.yaml``; supplement Table 2 and the main text).
+class FedDivSettings(RoundSettings):
+    """FedDiv's settings (``conf/strategy/feddiv.yaml``; supplement Table 2 and the main text): the
+    main phase's schedule (``num_rounds``: T; ``fraction``: omega), the warm-up, and the client-side
+    settings as flat keys. Its train block's learner must be ``ce``: FedDiv trains with its own
+    objective."""
 
-    train: the local SGD (momentum 0.5, no weight decay in the paper); its learner must be ``ce``:
-        FedDiv trains with its own objective.
-    warmup_iterations: T_wu (CIFAR-10 5, CIFAR-100 10, Clothing1M 2).
-    num_rounds: T, the main phase's rounds; fraction: omega; min_clients: the smallest round.
-    params: the clients' hyperparameters (``protocol.feddiv.FedDivParams``; flat keys in the config).
-    eta: L_reg's weight (None: 1 on a non-IID partition, 0 on IID, as the paper sets it).
-    variance_aggregation: ``linear`` (eq. 5) | ``squared`` (the released code).
-    warmup_schedule: ``sequential`` (the released code) | ``rounds`` (the paper's count).
-    """
+    params: FedDivClientSettings = option(meaning="the clients' settings (flat keys of this block)", flat=True)
+    warmup_iterations: int = option(Interval(int, 0), "T_wu, warm-up iterations (every client once per iteration)")
+    eta: float | None = option(Interval(float, 0.0, or_none=True),
+                               "L_reg's weight (null: 1 on non-IID partitions, 0 on IID)")
+    variance_aggregation: str = option(Options(VARIANCE_AGGREGATIONS),
+                                       "the filters' variances: linear (eq. 5) | squared (gamma_k^2)")
+    warmup_schedule: str = option(Options(WARMUP_SCHEDULES),
+                                  "sequential: one client per round | rounds: T_wu / fraction rounds of fraction N")
 
-    train: LocalTraining
-    params: FedDivParams
-    warmup_iterations: int = field(metadata=rule(Integer(low=0)))
-    num_rounds: int = field(metadata=rule(Integer(low=1)))
-    fraction: float = field(metadata=rule(Number(low=0.0, high=1.0, low_open=True)))
-    min_clients: int = field(default=1, metadata=rule(Integer(low=1)))
-    eta: float | None = field(default=None, metadata=rule(Nullable(Number(low=0.0))))
-    variance_aggregation: str = field(default="linear", metadata=rule(Choice(VARIANCE_AGGREGATIONS)))
-    warmup_schedule: str = field(default="sequential", metadata=rule(Choice(WARMUP_SCHEDULES)))
-
-    def __post_init__(self) -> None:
-        check_fields(self)
+    def check(self) -> None:
+        """At least one main round, and FedDiv's own objective."""
+        Interval(int, 1).check("num_rounds", self.num_rounds)
         if self.train.learner != "ce":
             raise InvalidValue("train.learner", self.train.learner,
                                "ce: FedDiv's clients train with its own objective (mixup + L_reg)")
 
-    def main_rounds(self) -> RoundSettings:
-        """The main phase's schedule."""
-        return RoundSettings(train=self.train, num_rounds=self.num_rounds, fraction=self.fraction,
-                             min_clients=self.min_clients)
+    def check_run(self, context: StrategyContext) -> None:
+        """The round size must fit, and the budget leave a main round after the warm-up."""
+        self.check_round_size(context)
+        if self.main_rounds_under(context.comm_budget, context.num_clients) < 1:
+            raise ConfigError(f"comm_budget={context.comm_budget} is invalid: too small; FedDiv's warm-up spends "
+                              f"{self.warmup_participations(context.num_clients)} participations and leaves no "
+                              "main round")
 
     def warmup_rounds(self, num_clients: int) -> int:
         """The warm-up's rounds: T_wu * N of one client, or enough rounds of omega N clients for as
@@ -90,22 +84,22 @@ class FedDivSettings:
         participations = self.warmup_iterations * num_clients
         if self.warmup_schedule == "sequential":
             return participations
-        return -(-participations // self.main_rounds().round_size(num_clients))
+        return -(-participations // self.round_size(num_clients))
 
     def warmup_participations(self, num_clients: int) -> int:
         """The client participations the warm-up spends."""
-        per_round = 1 if self.warmup_schedule == "sequential" else self.main_rounds().round_size(num_clients)
+        per_round = 1 if self.warmup_schedule == "sequential" else self.round_size(num_clients)
         return self.warmup_rounds(num_clients) * per_round
 
-    def rounds_under(self, comm_budget: int | None, num_clients: int) -> int:
+    def main_rounds_under(self, comm_budget: int | None, num_clients: int) -> int:
         """T, or with a budget the main rounds the warm-up's participations leave."""
-        return self.main_rounds().rounds_under(comm_budget, num_clients, self.warmup_participations(num_clients),
-                                               "FedDiv's warm-up")
+        return self.rounds_under(comm_budget, num_clients, self.warmup_participations(num_clients),
+                                 "FedDiv's warm-up")
 
-    def client_options(self, iid: bool, seed: int, diagnostics: bool) -> FedDivOptions:
-        """The options every client gets (the server fills in the phase and the global filter)."""
+    def client_ins(self, iid: bool, seed: int, diagnostics: bool) -> FedDivIns:
+        """What every client gets (the server fills in the phase and the global filter)."""
         eta = self.eta if self.eta is not None else (0.0 if iid else 1.0)
-        return FedDivOptions(phase=WARMUP, params=self.params, eta=eta, seed=seed, diagnostics=diagnostics)
+        return FedDivIns(phase=WARMUP, params=self.params, eta=eta, seed=seed, diagnostics=diagnostics)
 
 
 class FedDivMonitor:
@@ -122,7 +116,7 @@ class FedDivMonitor:
         self.global_filter: NoiseFilter | None = None
         self.filters: list[dict[str, Any]] = []
 
-    def round(self, server_round: int, reports: Mapping[int, FedDivReport], global_filter: NoiseFilter) -> None:
+    def round(self, server_round: int, reports: Mapping[int, FedDivRes], global_filter: NoiseFilter) -> None:
         """Fold in a main round's reports and the new global filter."""
         for pid, report in reports.items():
             self.estimates[pid] = report.noise_estimate
@@ -180,28 +174,23 @@ def _filter_line(f: NoiseFilter) -> str:
 
 
 class FedDiv(FedAvg):
-    """FedDiv's warm-up and main phase.
+    """FedDiv's warm-up and main phase (``num_rounds``: the main phase's). A warm-up round is a sample
+    of ``fraction`` of the clients (``warmup_schedule=rounds``), else one client in a seeded order
+    visiting every client once per iteration."""
 
-    warmup_rounds: the warm-up's rounds; sampled_warmup: each is a sample of ``fraction`` of the
-        clients (``warmup_schedule=rounds``), else one client in a seeded order visiting every client
-        once per iteration.
-    options: what clients are sent (phase and filter filled in per round).
-    squared_variances: aggregate the filters' variances with gamma_k^2 (``variance_aggregation``).
-    round_filters: the global filter averages only this round's filters (``filter_scope=round``).
-    truth: ground truth, or None. Other arguments: see ``FedAvg`` (``num_rounds``: the main phase's).
-    """
+    name = "feddiv"
+    settings: FedDivSettings
+    stage3 = False
+    # A client's noise filter is a 2-component mixture of its per-sample losses.
+    min_client_samples = 2
 
-    def __init__(self, *, warmup_rounds: int, sampled_warmup: bool, options: FedDivOptions,
-                 squared_variances: bool, round_filters: bool, truth: GroundTruth | None, **kwargs: Any) -> None:
-        super().__init__(**kwargs)
-        self.warmup_rounds = warmup_rounds
-        self.sampled_warmup = sampled_warmup
-        self.options = options
-        self.squared_variances = squared_variances
-        self.round_filters = round_filters
-        self.truth = truth
-        self.stage = WARMUP if warmup_rounds else MAIN
-        self._warmup_left = warmup_rounds
+    def __init__(self, settings: FedDivSettings, context: StrategyContext, stage: str | None = None) -> None:
+        super().__init__(settings, context, stage or MAIN)
+        self.num_rounds = settings.main_rounds_under(context.comm_budget, context.num_clients)
+        self.warmup_rounds = settings.warmup_rounds(context.num_clients)
+        self.ins = settings.client_ins(context.iid, context.seed, context.truth is not None)
+        self.stage = WARMUP if self.warmup_rounds else MAIN
+        self._warmup_left = self.warmup_rounds
         self._order: list[int] = []
         self.cache: dict[int, tuple[NoiseFilter, int]] = {}
         self.global_filter: NoiseFilter | None = None
@@ -210,7 +199,7 @@ class FedDiv(FedAvg):
     def bind(self, federation: Any) -> None:
         """Bind the federation and start the monitor."""
         super().bind(federation)
-        self.monitor = FedDivMonitor(federation.partition_ids, self.options.params.clean_client, self.truth)
+        self.monitor = FedDivMonitor(federation.partition_ids, self.ins.params.clean_client, self.context.truth)
 
     def planned_rounds(self) -> int:
         """The warm-up's rounds, then T main rounds."""
@@ -220,78 +209,47 @@ class FedDiv(FedAvg):
                         grid: Grid) -> Iterable[Message]:
         """A warm-up round (the next client of this iteration's order) or a main round (a sample)."""
         self.global_arrays = arrays
-        ins = TrainIns(server_round, self.train, method=METHOD)
+        ins = TrainIns(server_round, self.train, plugin=PLUGIN)
         if self._warmup_left > 0:
             self.stage = WARMUP
-            if self.sampled_warmup:
+            if self.settings.warmup_schedule == "rounds":
                 chosen = self.select(server_round, arrays, grid)
             else:
                 if not self._order:
                     self._order = [int(pid) for pid in self.rng.permutation(self.federation.partition_ids)]
                 chosen = [self._order.pop(0)]
             self._warmup_left -= 1
-            options = self.options
+            options = self.ins
         else:
             self.stage = MAIN
             chosen = self.select(server_round, arrays, grid)
-            options = replace(self.options, phase=MAIN, filter=self.global_filter)
-        content = instruction(ins, arrays=arrays, options=options, method=METHOD)
+            options = replace(self.ins, phase=MAIN, filter=self.global_filter)
+        content = instruction(ins, arrays=arrays, options=options, plugin=PLUGIN)
         return self.messages({pid: content for pid in chosen}, TRAIN)
 
     def read_train(self, content: RecordDict, sender: str) -> TrainReply:
-        """A ``train`` reply; in the main phase with the client's ``FedDivReport``."""
+        """A ``train`` reply; in the main phase with the client's ``FedDivRes``."""
         reply = super().read_train(content, sender)
         if self.stage == WARMUP:
             return reply
-        return TrainReply(reply.arrays, reply.result, read_extra(content, METHOD, FedDivReport, sender))
+        return TrainReply(reply.arrays, reply.result, read_extra(content, PLUGIN, FedDivRes, sender))
 
     def aggregate(self, replies: dict[int, TrainReply]) -> ArrayRecord:
         """FedAvg of the weights; in the main phase also the filter cache and the new global filter."""
         arrays = super().aggregate(replies)
         if self.stage == MAIN:
             assert self.monitor is not None
-            if self.round_filters:
+            if self.settings.params.filter_scope == "round":
                 self.cache.clear()
             for pid, reply in replies.items():
                 self.cache[pid] = (reply.extra.filter, reply.result.num_examples)
             cached = [self.cache[pid] for pid in sorted(self.cache)]
             self.global_filter = aggregate_filters([f for f, _ in cached], [float(n) for _, n in cached],
-                                                   squared_weights=self.squared_variances)
+                                                   squared_weights=self.settings.variance_aggregation == "squared")
             self.monitor.round(self.stage_rounds + 1, {pid: reply.extra for pid, reply in replies.items()},
                                self.global_filter)
         return arrays
 
-    def extra_results(self) -> dict[str, Any]:
+    def result_blocks(self) -> dict[str, Any]:
         """The ``feddiv`` block (see ``FedDivMonitor``)."""
         return {"feddiv": self.monitor.results()} if self.monitor else {}
-
-
-_PARAMS = {spec.name for spec in fields(FedDivParams)}
-
-
-def _parse(cfg: Mapping[str, Any], prefix: str) -> FedDivSettings:
-    params = settings_from_mapping(FedDivParams, {k: v for k, v in cfg.items() if k in _PARAMS}, prefix)
-    rest = {k: v for k, v in cfg.items() if k not in _PARAMS}
-    return settings_from_mapping(FedDivSettings, rest, prefix, train=parse_training(cfg, prefix), params=params)
-
-
-def _check(settings: FedDivSettings, env: Environment) -> None:
-    settings.main_rounds().check_for(env.num_clients, None, "strategy")
-    if settings.rounds_under(env.comm_budget, env.num_clients) < 1:
-        raise ConfigError(f"comm_budget={env.comm_budget} is invalid: too small; FedDiv's warm-up spends "
-                          f"{settings.warmup_participations(env.num_clients)} participations and leaves no main "
-                          "round")
-
-
-def _build(settings: FedDivSettings, env: Environment, rng: np.random.Generator) -> FedDiv:
-    return FedDiv(num_rounds=settings.rounds_under(env.comm_budget, env.num_clients), fraction=settings.fraction,
-                  min_clients=settings.min_clients, train=settings.train, stage=MAIN, rng=rng,
-                  skip_failed=env.skip_failed, warmup_rounds=settings.warmup_rounds(env.num_clients),
-                  sampled_warmup=settings.warmup_schedule == "rounds",
-                  options=settings.client_options(env.iid, env.seed, env.truth is not None),
-                  squared_variances=settings.variance_aggregation == "squared",
-                  round_filters=settings.params.filter_scope == "round", truth=env.truth)
-
-
-# A client's noise filter is a 2-component mixture of its per-sample losses.
-STRATEGY = StrategyEntry("feddiv", _parse, _check, _build, min_client_samples=2)

@@ -11,33 +11,30 @@ averaged. The learning rate decays by ``lr_decay`` per FedDyn round (FedCorr App
 from __future__ import annotations
 
 from collections.abc import Collection, Mapping, Sequence
-from dataclasses import dataclass, field, replace
-from typing import Any
+from dataclasses import dataclass, replace
 
 import numpy as np
 from flwr.app import ArrayRecord
 
 from common.errors import ConfigError
-from common.validation import Number, check_fields, rule
-from protocol.feddyn import METHOD, FedDynOptions
+from common.validation import Interval, option
+from protocol.feddyn import PLUGIN, FedDynIns
 from protocol.messages import TrainIns
 from strategies.aggregation import as_numpy, as_record, weighted_average
 from strategies.base import TrainReply
-from strategies.environment import Environment
+from strategies.context import StrategyContext
 from strategies.fedavg import FedAvg, client_states
-from strategies.registry import RoundMethod, round_entry
+from strategies.rounds import RoundSettings
 
 
 @dataclass(frozen=True)
-class FedDynSettings:
-    """alpha: the dynamic regulariser's coefficient (> 0; FedCorr Appendix B: 0.01).
-    lr_decay: per-round learning-rate factor in (0, 1] (0.998). ``conf/strategy/method/feddyn.yaml``."""
+class FedDynSettings(RoundSettings):
+    """FedAvg's schedule and FedDyn's coefficients (``conf/strategy/options/feddyn.yaml``)."""
 
-    alpha: float = field(metadata=rule(Number(low=0.0, low_open=True)))
-    lr_decay: float = field(metadata=rule(Number(low=0.0, high=1.0, low_open=True)))
-
-    def __post_init__(self) -> None:
-        check_fields(self)
+    alpha: float = option(Interval(float, 0.0, closed="neither"),
+                          "the dynamic regulariser's coefficient (FedCorr Appendix B: 0.01)")
+    lr_decay: float = option(Interval(float, 0.0, 1.0, closed="right"),
+                             "the local learning rate's factor per FedDyn round (0.998)")
 
 
 def feddyn_server_step(
@@ -64,47 +61,36 @@ def feddyn_server_step(
 
 
 class FedDyn(FedAvg):
-    """FedAvg's sampling with FedDyn's client objective and server correction.
+    """FedAvg's sampling with FedDyn's client objective and server correction. The local learning rate
+    is ``train.lr * lr_decay ** r`` in FedDyn's r-th round (from 0, ``stage_rounds``); the model's
+    parameters (``context.parameter_names``) get the correction, the other arrays are buffers. Its
+    server state and client correction follow the parameters of one network."""
 
-    alpha: the dynamic regulariser's coefficient.
-    lr_decay: the local learning rate is ``train.lr * lr_decay ** r`` in FedDyn's r-th round (from 0,
-        ``stage_rounds``).
-    parameter_names: the model's parameter keys (``named_parameters``); the other arrays are buffers.
-    Other arguments: see ``FedAvg``.
-    """
+    name = "feddyn"
+    settings: FedDynSettings
+    two_networks = False
 
-    def __init__(self, *, alpha: float, lr_decay: float, parameter_names: Collection[str], **kwargs: Any) -> None:
-        super().__init__(**kwargs)
-        if not parameter_names:
+    def __init__(self, settings: FedDynSettings, context: StrategyContext, stage: str | None = None) -> None:
+        super().__init__(settings, context, stage)
+        if not context.parameter_names:
             raise ConfigError("FedDyn needs the model's parameter names; none were given")
-        self.alpha = alpha
-        self.lr_decay = lr_decay
-        self.parameter_names = tuple(parameter_names)
         self.h: dict[str, np.ndarray] = {}
 
     def train_instruction(self, server_round: int) -> TrainIns:
-        """FedAvg's instruction for the FedDyn client, at this FedDyn round's decayed learning rate."""
+        """FedAvg's instruction for the FedDyn plug-in, at this FedDyn round's decayed learning rate."""
         ins = super().train_instruction(server_round)
-        lr = self.train.lr * self.lr_decay ** self.stage_rounds
-        return replace(ins, training=ins.training.but(lr=lr), method=METHOD)
+        lr = self.train.lr * self.settings.lr_decay ** self.stage_rounds
+        return replace(ins, training=ins.training.but(lr=lr), plugin=PLUGIN)
 
-    def train_options(self) -> FedDynOptions:
-        """The FedDyn client's ``alpha``."""
-        return FedDynOptions(alpha=self.alpha)
+    def plugin_ins(self, pid: int) -> FedDynIns:
+        """The FedDyn plug-in's ``alpha``."""
+        return FedDynIns(alpha=self.settings.alpha)
 
     def aggregate(self, replies: dict[int, TrainReply]) -> ArrayRecord:
         """FedDyn's server step: the clients' mean corrected by the updated state h."""
         assert self.global_arrays is not None
         new_global, self.h = feddyn_server_step(
-            as_numpy(self.global_arrays), client_states(replies), self.h, alpha=self.alpha,
-            num_clients=len(self.federation.partition_ids), parameter_names=self.parameter_names,
+            as_numpy(self.global_arrays), client_states(replies), self.h, alpha=self.settings.alpha,
+            num_clients=len(self.federation.partition_ids), parameter_names=self.context.parameter_names,
         )
         return as_record(new_global)
-
-
-def _feddyn_arguments(options: FedDynSettings, env: Environment) -> dict[str, Any]:
-    return {"alpha": options.alpha, "lr_decay": options.lr_decay, "parameter_names": env.parameter_names}
-
-
-# FedDyn's server state and client correction follow the parameters of one network.
-STRATEGY = round_entry("feddyn", RoundMethod(FedDynSettings, FedDyn, extra=_feddyn_arguments, two_networks=False))

@@ -13,8 +13,8 @@ this code.
 from __future__ import annotations
 
 import logging
-from collections.abc import Collection, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -22,20 +22,17 @@ from flwr.app import ArrayRecord, ConfigRecord, Message
 from flwr.serverapp import Grid
 
 from common.errors import ConfigError, InvalidValue
-from common.validation import Choice, Flag, Integer, Nullable, Number, check_fields, rule, settings_from_mapping
-from protocol.fedes import MASK_SOURCES, METHOD, SeGdOptions
+from common.validation import Flag, Interval, Options, option
+from protocol.fedes import MASK_SOURCES, PLUGIN, SeGdIns
 from protocol.messages import TRAIN, instruction
 from strategies.aggregation import as_numpy, as_record, weighted_average
 from strategies.base import TrainReply
+from strategies.context import StrategyContext
 from strategies.detection import detection_block, mean_abs_error, mean_squared_error
-from strategies.environment import Environment
 from strategies.fedavg import FedAvg, average_arrays, client_states, example_counts
 from strategies.fedes_quality import MU_ESTIMATORS, QualityEstimate, estimate_quality, parameter_set
-from strategies.ground_truth import GroundTruth
-from strategies.registry import StrategyEntry, parse_training
 from strategies.rounds import RoundSettings
 from task.critical_parameters import PARAMETER_SETS
-from task.local_training import LocalTraining
 
 log = logging.getLogger(__name__)
 
@@ -64,39 +61,28 @@ def phase_of(server_round: int, s1: int, reestimate_every: int | None) -> str:
 
 
 @dataclass(frozen=True)
-class FedESSettings:
-    """FedES's settings (``conf/strategy/fedes.yaml``; methods.md 4.4 and 4.6).
+class FedESSettings(RoundSettings):
+    """FedAvg's schedule (``num_rounds`` counts every round, the estimation round included; a
+    ``comm_budget`` replaces it) and FedES's options (``conf/strategy/fedes.yaml``); its learner must
+    be ``ce``."""
 
-    train: the local SGD settings of every round; its learner must be ``ce``.
-    num_rounds: all training rounds, the estimation round included (a ``comm_budget`` replaces it).
-    fraction, min_clients: the share of clients per pre-training and SeGD round, and its minimum.
-    s1: pre-training rounds; the estimation round is s1 + 1, so s1 < num_rounds.
-    aggregation: ``naagg`` | ``fedavg`` (D1). rho_source: ``estimate`` | ``oracle`` (D1).
-    mu: the CoP summary, ``gmm`` | ``arithmetic_mean`` (D3). rho_floor: the least rho a client gets (D6).
-    mask_params: the parameter set P, ``weights`` | ``all`` (D5). strict_freeze: SeGD's D7 switch.
-    mask: ``dynamic`` | ``static`` (D4). cop_origin: ``global`` | ``own_upload`` (D2).
-    reestimate_every: None estimates rho once; r: every r-th round after it is another estimation
-        round (D8).
-    """
-
-    train: LocalTraining
-    num_rounds: int = field(metadata=rule(Integer(low=1)))
-    fraction: float = field(metadata=rule(Number(low=0.0, high=1.0, low_open=True)))
-    s1: int = field(metadata=rule(Integer(low=0)))
-    min_clients: int = field(default=1, metadata=rule(Integer(low=1)))
-    aggregation: str = field(default="naagg", metadata=rule(Choice(AGGREGATIONS)))
-    rho_source: str = field(default="estimate", metadata=rule(Choice(RHO_SOURCES)))
-    mu: str = field(default="gmm", metadata=rule(Choice(MU_ESTIMATORS)))
-    rho_floor: float = field(default=0.0, metadata=rule(Number(low=0.0, high=1.0)))
-    mask_params: str = field(default="weights", metadata=rule(Choice(PARAMETER_SETS)))
-    strict_freeze: bool = field(default=False, metadata=rule(Flag()))
-    mask: str = field(default="dynamic", metadata=rule(Choice(MASK_SOURCES)))
-    cop_origin: str = field(default="global", metadata=rule(Choice(COP_ORIGINS)))
+    s1: int = option(Interval(int, 0), "pre-training rounds; the estimation round is s1 + 1 (< num_rounds)")
+    aggregation: str = option(Options(AGGREGATIONS), "naagg (weights n_k * rho_k) | fedavg (weights n_k)")
+    rho_source: str = option(Options(RHO_SOURCES), "estimate (signed EMD) | oracle (1 - true noise; needs "
+                                                   "ground truth)")
+    mu: str = option(Options(MU_ESTIMATORS), "the CoP summary: gmm | arithmetic_mean")
+    rho_floor: float = option(Interval(float, 0.0, 1.0), "the least rho a client gets")
+    mask_params: str = option(Options(PARAMETER_SETS), "the parameter set P: weights | all")
+    strict_freeze: bool = option(Flag(), "also keep masked weights still through momentum and weight decay")
+    mask: str = option(Options(MASK_SOURCES), "dynamic (top |grad * weight| every step) | static")
+    cop_origin: str = option(Options(COP_ORIGINS), "W_start of a client's CoP: global | own_upload")
     # 1 would make every later round an estimation round: no SeGD at all.
-    reestimate_every: int | None = field(default=None, metadata=rule(Nullable(Integer(low=2))))
+    reestimate_every: int | None = option(Interval(int, 2, or_none=True),
+                                          "null estimates rho once; r: every r-th round after it estimates again")
 
-    def __post_init__(self) -> None:
-        check_fields(self)
+    def check(self) -> None:
+        """The estimation round must be one of the run's rounds, and FedES trains with cross-entropy."""
+        Interval(int, 1).check("num_rounds", self.num_rounds)
         if self.s1 >= self.num_rounds:
             raise InvalidValue("s1", self.s1, f"allowed is an integer >= 0 and < num_rounds ({self.num_rounds}): "
                                               "the estimation round s1 + 1 must be one of the run's rounds")
@@ -104,23 +90,25 @@ class FedESSettings:
             raise InvalidValue("train.learner", self.train.learner,
                                "allowed is ce: FedES pre-trains, estimates and runs SeGD with cross-entropy")
 
-    @property
-    def rounds(self) -> RoundSettings:
-        """The schedule of the pre-training and SeGD rounds."""
-        return RoundSettings(train=self.train, num_rounds=self.num_rounds, fraction=self.fraction,
-                             min_clients=self.min_clients)
+    def check_run(self, context: StrategyContext) -> None:
+        """The round size must fit, the budget pay for pre-training and estimation, and the oracle
+        needs ground truth."""
+        self.check_round_size(context)
+        self.total_rounds(context.num_clients, context.comm_budget)
+        if self.rho_source == "oracle" and not context.ground_truth:
+            raise InvalidValue("rho_source", self.rho_source,
+                               "allowed is estimate without ground truth: oracle reads the scene's true noise")
 
     def total_rounds(self, num_clients: int, comm_budget: int | None) -> int:
         """All rounds: ``num_rounds``, or with a budget s1 + 1 + the later rounds that the pre-training
         (s1 rounds of m) and the estimation round (all N clients) leave, each re-estimation round
         costing N and each SeGD round m."""
-        rounds = self.rounds
         if comm_budget is None:
             return self.num_rounds
-        size = rounds.round_size(num_clients)
+        size = self.round_size(num_clients)
         spent = self.s1 * size + num_clients
         # Refuses, in the one wording, a budget that cannot pay for pre-training and estimation.
-        rounds.rounds_under(comm_budget, num_clients, spent, "FedES's pre-training and estimation rounds")
+        self.rounds_under(comm_budget, num_clients, spent, "FedES's pre-training and estimation rounds")
         last = self.s1 + 1
         while True:
             cost = num_clients if phase_of(last + 1, self.s1, self.reestimate_every) == ESTIMATE else size
@@ -145,40 +133,22 @@ def spearman(a: Sequence[float], b: Sequence[float]) -> float | None:
 
 
 class FedES(FedAvg):
-    """FedES's three phases in Flower's round loop.
+    """FedES's three phases in Flower's round loop; the model's trainable parameters
+    (``context.parameter_names``) are where P is chosen, the run's seed seeds the GMM, and the
+    scene's ground truth gives the oracle and the quality figures."""
 
-    s1: pre-training rounds (the estimation round is s1 + 1; ``num_rounds`` counts every round).
-    parameter_names: the model's trainable parameters (P is chosen among them).
-    seed: the run's seed (the GMM's random_state and its subsample).
-    truth: the scene's ground truth (the oracle and the quality figures); None without.
-    aggregation, rho_source, mu, rho_floor, mask_params, strict_freeze, mask, cop_origin,
-    reestimate_every: see ``FedESSettings``.
-    Other arguments: see ``FedAvg``.
-    """
+    name = "fedes"
+    settings: FedESSettings
+    stage3 = False
 
-    def __init__(self, *, s1: int, parameter_names: Collection[str], seed: int, truth: GroundTruth | None = None,
-                 aggregation: str = "naagg", rho_source: str = "estimate", mu: str = "gmm", rho_floor: float = 0.0,
-                 mask_params: str = "weights", strict_freeze: bool = False, mask: str = "dynamic",
-                 cop_origin: str = "global", reestimate_every: int | None = None, **kwargs: Any) -> None:
-        super().__init__(**kwargs)
-        if not parameter_names:
+    def __init__(self, settings: FedESSettings, context: StrategyContext, stage: str | None = None) -> None:
+        super().__init__(settings, context, stage or PRETRAIN)
+        self.num_rounds = settings.total_rounds(context.num_clients, context.comm_budget)
+        if not context.parameter_names:
             raise ConfigError("FedES needs the model's parameter names; none were given")
-        if rho_source == "oracle" and truth is None:
-            raise InvalidValue("strategy.rho_source", rho_source,
+        if settings.rho_source == "oracle" and context.truth is None:
+            raise InvalidValue("strategy.rho_source", settings.rho_source,
                                "allowed is estimate without ground truth: oracle reads the scene's true noise")
-        self.s1 = s1
-        self.parameter_names = tuple(parameter_names)
-        self.seed = seed
-        self.truth = truth
-        self.aggregation = aggregation
-        self.rho_source = rho_source
-        self.mu = mu
-        self.rho_floor = rho_floor
-        self.mask_params = mask_params
-        self.strict_freeze = strict_freeze
-        self.mask = mask
-        self.cop_origin = cop_origin
-        self.reestimate_every = reestimate_every
         self.estimate: QualityEstimate | None = None
         self.estimated_at: int | None = None
         self.estimation_rounds: list[int] = []
@@ -189,19 +159,16 @@ class FedES(FedAvg):
 
     def summary(self) -> None:
         """Log the three phases' rounds and the switches."""
-        log.info("FedES: %d pre-training rounds, estimation at round %d (again every %s rounds), %d rounds in "
-                 "all; fraction=%s, aggregation=%s, rho_source=%s, mu=%s, rho_floor=%s, mask_params=%s, "
-                 "strict_freeze=%s, mask=%s, cop_origin=%s, train=%s", self.s1, self.s1 + 1, self.reestimate_every,
-                 self.num_rounds, self.fraction, self.aggregation, self.rho_source, self.mu, self.rho_floor,
-                 self.mask_params, self.strict_freeze, self.mask, self.cop_origin, self.train)
+        log.info("FedES: %d rounds in all; %s", self.num_rounds, self.settings)
 
     def phase(self, server_round: int) -> str:
         """The stage of ``server_round`` (``phase_of``)."""
-        return phase_of(server_round, self.s1, self.reestimate_every)
+        return phase_of(server_round, self.settings.s1, self.settings.reestimate_every)
 
-    def segd_options(self, rho: float) -> SeGdOptions:
+    def segd_options(self, rho: float) -> SeGdIns:
         """What a client trains with at ``rho``."""
-        return SeGdOptions(rho=rho, mask_params=self.mask_params, strict_freeze=self.strict_freeze, mask=self.mask)
+        s = self.settings
+        return SeGdIns(rho=rho, mask_params=s.mask_params, strict_freeze=s.strict_freeze, mask=s.mask)
 
     def rho_of(self, pid: int) -> float:
         """The rho client ``pid`` trains and is weighted with (1 for a client never estimated, D9)."""
@@ -215,25 +182,25 @@ class FedES(FedAvg):
         ins = self.train_instruction(server_round)
         if self.stage == ESTIMATE:
             # Plain training; with the static mask every client also keeps its update's CoP.
-            content = (instruction(replace(ins, method=METHOD), arrays=arrays, method=METHOD,
+            content = (instruction(replace(ins, plugin=PLUGIN), arrays=arrays, plugin=PLUGIN,
                                    options=replace(self.segd_options(1.0), keep_cop=True))
-                       if self.mask == "static" else instruction(ins, arrays=arrays))
+                       if self.settings.mask == "static" else instruction(ins, arrays=arrays))
             return self.messages(dict.fromkeys(self.federation.partition_ids, content), TRAIN)
         chosen = self.select(server_round, arrays, grid)
         if self.stage == PRETRAIN:
             content = instruction(ins, arrays=arrays)
             return self.messages(dict.fromkeys(chosen, content), TRAIN)
-        segd = replace(ins, method=METHOD)
-        return self.messages({pid: instruction(segd, arrays=arrays, method=METHOD,
+        segd = replace(ins, plugin=PLUGIN)
+        return self.messages({pid: instruction(segd, arrays=arrays, plugin=PLUGIN,
                                                options=self.segd_options(self.rho_of(pid)))
                               for pid in chosen}, TRAIN)
 
     def aggregate(self, replies: dict[int, TrainReply]) -> ArrayRecord:
         """FedAvg, estimating rho after an estimation round; NaAgg in the SeGD rounds."""
-        if self.cop_origin == "own_upload" and self.phase(self._round + 1) == ESTIMATE:
+        if self.settings.cop_origin == "own_upload" and self.phase(self._round + 1) == ESTIMATE:
             # D2's other reading: the next estimation measures each update from the client's own upload now.
             self.previous_uploads = {pid: as_numpy(reply.arrays) for pid, reply in replies.items()}
-        if self.stage == SEGD and self.aggregation == "naagg":
+        if self.stage == SEGD and self.settings.aggregation == "naagg":
             weights = naagg_weights(example_counts(replies), [self.rho_of(pid) for pid in replies])
             if weights is not None:
                 return as_record(weighted_average(client_states(replies), weights))
@@ -250,15 +217,15 @@ class FedES(FedAvg):
         (W_start: the global model it started from, or its own upload of the round before, D2)."""
         assert self.global_arrays is not None
         start = as_numpy(self.global_arrays)
-        names = parameter_set(start, self.parameter_names, self.mask_params)
+        names = parameter_set(start, self.context.parameter_names, self.settings.mask_params)
         self.estimate = estimate_quality(
             start, {pid: as_numpy(reply.arrays) for pid, reply in replies.items()}, as_numpy(aggregate), names,
-            estimator=self.mu, seed=self.seed, floor=self.rho_floor,
-            client_starts=self.previous_uploads if self.cop_origin == "own_upload" else None)
+            estimator=self.settings.mu, seed=self.context.seed, floor=self.settings.rho_floor,
+            client_starts=self.previous_uploads if self.settings.cop_origin == "own_upload" else None)
         self.previous_uploads = {}
         self.estimated_at = self._round
         self.estimation_rounds.append(self._round)
-        self.rho_sent = self._oracle() if self.rho_source == "oracle" else dict(self.estimate.rho)
+        self.rho_sent = self._oracle() if self.settings.rho_source == "oracle" else dict(self.estimate.rho)
         missing = sorted(set(self.federation.partition_ids) - set(replies))
         if missing:
             log.warning("FedES: clients %s did not answer the estimation round; they train with rho = 1", missing)
@@ -272,17 +239,17 @@ class FedES(FedAvg):
 
     def _oracle(self) -> dict[int, float]:
         """1 - each client's true noise rate (1 where unknown): the released code's mask size."""
-        assert self.truth is not None
-        return {pid: 1.0 - noise if np.isfinite(noise) else 1.0 for pid, noise in self.truth.true_noise.items()}
+        assert self.context.truth is not None
+        return {pid: 1.0 - noise if np.isfinite(noise) else 1.0 for pid, noise in self.context.truth.true_noise.items()}
 
     def _true_quality(self) -> dict[int, float]:
-        assert self.truth is not None
-        return {pid: 1.0 - noise for pid, noise in self.truth.true_noise.items()}
+        assert self.context.truth is not None
+        return {pid: 1.0 - noise for pid, noise in self.context.truth.true_noise.items()}
 
     def _quality_figures(self) -> dict[str, Any]:
         """The estimate against the true quality q = 1 - true noise: Table 4's MSE, the MAE and
         Spearman's rank correlation (empty without ground truth or before the estimate)."""
-        if self.truth is None or self.estimate is None:
+        if self.context.truth is None or self.estimate is None:
             return {}
         rho, quality = self.estimate.rho, self._true_quality()
         known = [pid for pid in rho if np.isfinite(quality.get(pid, np.nan))]
@@ -296,22 +263,22 @@ class FedES(FedAvg):
         """One row per client for fedes_clients.csv: d, mu, the estimated and the sent rho, the true quality."""
         if self.estimate is None:
             return []
-        quality = self._true_quality() if self.truth is not None else {}
+        quality = self._true_quality() if self.context.truth is not None else {}
         return [{"client": pid, "distance": self.estimate.distance.get(pid), "mu": self.estimate.mu.get(pid),
                  "rho": self.estimate.rho.get(pid), "rho_sent": self.rho_of(pid), "true_quality": quality.get(pid)}
                 for pid in self.federation.partition_ids]
 
-    def extra_results(self) -> dict[str, Any]:
+    def result_blocks(self) -> dict[str, Any]:
         """The ``fedes`` block of results.json: the estimate per client, what stage 2 used and, with
         ground truth, the estimate against the true quality and a detection score at rho < 0.5."""
         estimate = self.estimate
         block: dict[str, Any] = {
             "estimated_at": self.estimated_at,
             "estimation_rounds": self.estimation_rounds,
-            "mask": self.mask,
-            "cop_origin": self.cop_origin,
-            "rho_source": self.rho_source,
-            "aggregation": self.aggregation,
+            "mask": self.settings.mask,
+            "cop_origin": self.settings.cop_origin,
+            "rho_source": self.settings.rho_source,
+            "aggregation": self.settings.aggregation,
             "naagg_fallbacks": self.naagg_fallbacks,
             "mu_global": None if estimate is None else estimate.mu_global,
             "rho": {} if estimate is None else {str(k): v for k, v in sorted(estimate.rho.items())},
@@ -320,36 +287,11 @@ class FedES(FedAvg):
             "mu": {} if estimate is None else {str(k): v for k, v in sorted(estimate.mu.items())},
             "clients": self.client_rows(),
         }
-        if self.truth is not None:
+        if self.context.truth is not None:
             block["true_quality"] = {str(k): v for k, v in sorted(self._true_quality().items())}
             block.update(self._quality_figures())
         if estimate is not None:
             block["detection_threshold"] = DETECTION_THRESHOLD
             block.update(detection_block([pid for pid, rho in estimate.rho.items() if rho < DETECTION_THRESHOLD],
-                                         self.truth))
+                                         self.context.truth))
         return {"fedes": block}
-
-
-def _parse(cfg: Mapping[str, Any], prefix: str) -> FedESSettings:
-    return settings_from_mapping(FedESSettings, cfg, prefix, train=parse_training(cfg, prefix))
-
-
-def _check(settings: FedESSettings, env: Environment) -> None:
-    settings.rounds.check_for(env.num_clients, None, "strategy")
-    settings.total_rounds(env.num_clients, env.comm_budget)
-    if settings.rho_source == "oracle" and not env.ground_truth:
-        raise InvalidValue("strategy.rho_source", settings.rho_source,
-                           "allowed is estimate without ground truth: oracle reads the scene's true noise")
-
-
-def _build(settings: FedESSettings, env: Environment, rng: np.random.Generator) -> FedES:
-    return FedES(num_rounds=settings.total_rounds(env.num_clients, env.comm_budget), fraction=settings.fraction,
-                 min_clients=settings.min_clients, train=settings.train, stage=PRETRAIN, rng=rng,
-                 skip_failed=env.skip_failed, s1=settings.s1, parameter_names=env.parameter_names, seed=env.seed,
-                 truth=env.truth, aggregation=settings.aggregation, rho_source=settings.rho_source, mu=settings.mu,
-                 rho_floor=settings.rho_floor, mask_params=settings.mask_params,
-                 strict_freeze=settings.strict_freeze, mask=settings.mask, cop_origin=settings.cop_origin,
-                 reestimate_every=settings.reestimate_every)
-
-
-STRATEGY = StrategyEntry("fedes", _parse, _check, _build)

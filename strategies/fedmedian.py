@@ -6,19 +6,14 @@ from flwr.app import ArrayRecord
 
 from strategies.aggregation import as_record, coordinate_median
 from strategies.base import TrainReply
-from strategies.fedavg import FedAvg, NoOptions, client_states
-from strategies.registry import RoundMethod, round_entry
+from strategies.fedavg import FedAvg, client_states
 
 
 class FedMedian(FedAvg):
-    """Each coordinate of the new global model is the median of the clients' values (unweighted).
+    """Each coordinate of the new global model is the median of the clients' values (unweighted)."""
 
-    Arguments: see ``FedAvg``.
-    """
+    name = "fedmedian"
 
     def aggregate(self, replies: dict[int, TrainReply]) -> ArrayRecord:
         """The coordinate-wise median of the clients' arrays."""
         return as_record(coordinate_median(client_states(replies)))
-
-
-STRATEGY = round_entry("fedmedian", RoundMethod(NoOptions, FedMedian))

@@ -18,35 +18,34 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Collection, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, Message, RecordDict
 from flwr.serverapp import Grid
 
-from common.errors import ConfigError
+from common.errors import InvalidValue
 from common.seeding import rng_for
-from common.validation import Choice, Flag, Integer, Nullable, Number, check_fields, rule
+from common.validation import Flag, Interval, Options, option
 from protocol.codec import ProtocolError
 from protocol.fednoro import (
     ABSENT_CLASSES,
     CLASS_LOSS,
     DETECT_TRANSFORMS,
-    METHOD,
-    ClassLosses,
-    ClassLossQuery,
-    FedNoRoOptions,
+    PLUGIN,
+    ClassLossIns,
+    ClassLossRes,
+    FedNoRoIns,
 )
-from protocol.messages import TRAIN, instruction, read_reply
+from protocol.messages import TrainIns, instruction, read_reply
 from strategies.aggregation import as_record, weighted_average
 from strategies.base import TrainReply
+from strategies.context import StrategyContext
 from strategies.detection import detection_block
-from strategies.environment import Environment
 from strategies.fedavg import FedAvg, client_states, example_counts
 from strategies.fednoro_detection import normalised_class_losses, voted_noisy_rows
-from strategies.ground_truth import GroundTruth
-from strategies.registry import RoundMethod, RoundMethodSettings, round_entry
+from strategies.rounds import RoundSettings
 
 log = logging.getLogger(__name__)
 
@@ -60,33 +59,32 @@ DISTANCES = ("per_tensor", "global_l2")
 
 
 @dataclass(frozen=True)
-class FedNoRoSettings:
-    """FedNoRo's options (``conf/strategy/method/fednoro.yaml``).
+class FedNoRoSettings(RoundSettings):
+    """FedAvg's schedule and FedNoRo's options (``conf/strategy/options/fednoro.yaml``)."""
 
-    warmup: T1, the warm-up rounds before detection (None: a tenth of the rounds, at least 1; the
-        released code's 10 of 100).
-    kd_weight: a, lambda's ceiling (0.8). kd_temperature: the teacher's T (0.8).
-    la_tau: the logit adjustment's tau (1). absent_classes: ``neg_inf`` | ``floor`` (B6).
-    kd_ramp_end: ``half`` | ``end`` (B5). gmm_runs: mixture fits voted over (9).
-    distance: ``per_tensor`` | ``global_l2`` (B2); distance_buffers: include BatchNorm buffers (code).
-    detect_transform: the detection losses' images, ``eval`` | ``train`` (B1).
-    redetect_every: None detects once; r: again every r rounds after the first detection (B4).
-    """
+    warmup: int | None = option(Interval(int, 1, or_none=True),
+                                "T1, the warm-up rounds before detection (null: a tenth of the rounds, at least 1)")
+    kd_weight: float = option(Interval(float, 0.0, 1.0), "a, the ceiling of the distillation weight lambda")
+    kd_temperature: float = option(Interval(float, 0.0, closed="neither"), "T, the teacher's softmax temperature")
+    la_tau: float = option(Interval(float, 0.0), "tau of the logit adjustment z + tau log(pi)")
+    absent_classes: str = option(Options(ABSENT_CLASSES), "a class the client lacks: neg_inf (log 0) | floor")
+    kd_ramp_end: str = option(Options(RAMP_ENDS), "lambda reaches a at: half (floor(R/2) - 1) | end (R)")
+    gmm_runs: int = option(Interval(int, 1), "mixture fits the detection votes over")
+    distance: str = option(Options(DISTANCES), "DaAgg's distance: per_tensor | global_l2")
+    distance_buffers: bool = option(Flag(), "include BatchNorm buffers in the distance")
+    detect_transform: str = option(Options(DETECT_TRANSFORMS), "the detection losses' images: eval | train")
+    redetect_every: int | None = option(Interval(int, 1, or_none=True),
+                                        "null detects once; r: again every r rounds after the first detection")
 
-    warmup: int | None = field(default=None, metadata=rule(Nullable(Integer(low=1))))
-    kd_weight: float = field(default=0.8, metadata=rule(Number(low=0.0, high=1.0)))
-    kd_temperature: float = field(default=0.8, metadata=rule(Number(low=0.0, low_open=True)))
-    la_tau: float = field(default=1.0, metadata=rule(Number(low=0.0)))
-    absent_classes: str = field(default="neg_inf", metadata=rule(Choice(ABSENT_CLASSES)))
-    kd_ramp_end: str = field(default="half", metadata=rule(Choice(RAMP_ENDS)))
-    gmm_runs: int = field(default=9, metadata=rule(Integer(low=1)))
-    distance: str = field(default="per_tensor", metadata=rule(Choice(DISTANCES)))
-    distance_buffers: bool = field(default=True, metadata=rule(Flag()))
-    detect_transform: str = field(default="eval", metadata=rule(Choice(DETECT_TRANSFORMS)))
-    redetect_every: int | None = field(default=None, metadata=rule(Nullable(Integer(low=1))))
-
-    def __post_init__(self) -> None:
-        check_fields(self)
+    def check_options(self, context: StrategyContext) -> None:
+        """The warm-up must end before the run does and before lambda's ramp ends."""
+        rounds = self.rounds_under(context.comm_budget, context.num_clients)
+        begin, end = self.ramp_of(rounds)
+        if begin >= rounds:
+            raise InvalidValue("warmup", begin, f"allowed is fewer than the run's {rounds} rounds")
+        if end <= begin:
+            raise InvalidValue("warmup", begin, f"the distillation weight's ramp ends at round {end} (kd_ramp_end="
+                                                f"{self.kd_ramp_end}); allowed is a warm-up shorter than that")
 
     def warmup_of(self, num_rounds: int) -> int:
         """T1 for a run of ``num_rounds`` rounds."""
@@ -129,42 +127,37 @@ def daagg_weights(states: Sequence[Mapping[str, np.ndarray]], sizes: Sequence[fl
 
 
 class FedNoRo(FedAvg):
-    """FedAvg's sampling with FedNoRo's warm-up, detection, distillation and DaAgg.
+    """FedAvg's sampling with FedNoRo's warm-up, detection, distillation and DaAgg. Its clients train
+    with FedNoRo's own objective (learner ``ce`` in the train block), one network; it is not offered
+    as FedCorr's stage 3: its warm-up and detection are a run of their own."""
 
-    warmup: T1 (resolved). ramp: (b, e) of lambda. kd_weight, kd_temperature, la_tau,
-        absent_classes, gmm_runs, distance, distance_buffers, detect_transform, redetect_every: see
-        ``FedNoRoSettings``.
-    parameter_names: the model's parameters (the distance without buffers uses only these).
-    seed: the run's seed (the mixtures' seeds derive from it). truth: ground truth, or None.
-    Other arguments: see ``FedAvg``.
-    """
+    name = "fednoro"
+    settings: FedNoRoSettings
+    learner = "ce"
+    two_networks = False
+    stage3 = False
 
-    def __init__(self, *, warmup: int, ramp: tuple[int, int], kd_weight: float, kd_temperature: float,
-                 la_tau: float, absent_classes: str, gmm_runs: int, distance: str, distance_buffers: bool,
-                 parameter_names: Collection[str], seed: int, truth: GroundTruth | None,
-                 detect_transform: str = "eval", redetect_every: int | None = None, **kwargs: Any) -> None:
-        super().__init__(**kwargs)
-        self.stage = WARMUP
-        self.warmup, self.ramp = warmup, ramp
-        self.kd_weight, self.kd_temperature, self.la_tau = kd_weight, kd_temperature, la_tau
-        self.absent_classes, self.gmm_runs = absent_classes, gmm_runs
-        self.per_tensor = distance == "per_tensor"
-        self.distance_buffers = distance_buffers
-        self.parameter_names = tuple(parameter_names)
-        self.seed, self.truth = seed, truth
-        self.detect_transform, self.redetect_every = detect_transform, redetect_every
+    def __init__(self, settings: FedNoRoSettings, context: StrategyContext, stage: str | None = None) -> None:
+        super().__init__(settings, context, stage or WARMUP)
+        self.warmup = settings.warmup_of(self.num_rounds)
+        self.ramp = settings.ramp_of(self.num_rounds)
         self.detections: list[dict[str, Any]] = []
         self.noisy: frozenset[int] | None = None
         self.agreement: float | None = None
         self.scores: dict[int, float] = {}
         self.queries = 0
 
-    def options_for(self, pid: int) -> FedNoRoOptions:
-        """Client ``pid``'s options this round: its role and lambda_t (0 for clean clients and in the warm-up)."""
+    def train_instruction(self, server_round: int) -> TrainIns:
+        """FedAvg's instruction for the FedNoRo plug-in."""
+        return replace(super().train_instruction(server_round), plugin=PLUGIN)
+
+    def plugin_ins(self, pid: int) -> FedNoRoIns:
+        """Client ``pid``'s role and lambda_t this round (0 for clean clients and in the warm-up)."""
+        s = self.settings
         noisy = self.noisy is not None and pid in self.noisy
-        weight = kd_weight_at(self.stage_rounds, self.kd_weight, *self.ramp) if noisy else 0.0
-        return FedNoRoOptions(noisy=noisy, kd_weight=weight, temperature=self.kd_temperature,
-                              la_tau=self.la_tau, absent_classes=self.absent_classes)
+        weight = kd_weight_at(self.stage_rounds, s.kd_weight, *self.ramp) if noisy else 0.0
+        return FedNoRoIns(noisy=noisy, kd_weight=weight, temperature=s.kd_temperature, la_tau=s.la_tau,
+                          absent_classes=s.absent_classes)
 
     def detection_due(self) -> bool:
         """Whether to detect before this round: right after the warm-up, and with ``redetect_every``
@@ -172,7 +165,8 @@ class FedNoRo(FedAvg):
         since = self.stage_rounds - self.warmup
         if since < 0:
             return False
-        return self.noisy is None or bool(self.redetect_every and since > 0 and since % self.redetect_every == 0)
+        every = self.settings.redetect_every
+        return self.noisy is None or bool(every and since > 0 and since % every == 0)
 
     def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
                         grid: Grid) -> Iterable[Message]:
@@ -180,23 +174,21 @@ class FedNoRo(FedAvg):
         self.global_arrays = arrays
         if self.detection_due():
             self.detect(grid, arrays, server_round)
-        chosen = self.select(server_round, arrays, grid)
-        ins = replace(self.train_instruction(server_round), method=METHOD)
-        return self.messages({pid: instruction(ins, arrays=arrays, options=self.options_for(pid), method=METHOD)
-                              for pid in chosen}, TRAIN)
+        return super().configure_train(server_round, arrays, config, grid)
 
     def aggregate(self, replies: dict[int, TrainReply]) -> ArrayRecord:
         """FedAvg in the warm-up, DaAgg after it."""
         states, sizes = client_states(replies), example_counts(replies)
         if self.noisy is None:
             return as_record(weighted_average(states, sizes))
-        keys = states[0].keys() if self.distance_buffers else self.parameter_names
-        weights = daagg_weights(states, sizes, [pid in self.noisy for pid in replies], keys, self.per_tensor)
+        keys = states[0].keys() if self.settings.distance_buffers else self.context.parameter_names
+        weights = daagg_weights(states, sizes, [pid in self.noisy for pid in replies], keys,
+                                self.settings.distance == "per_tensor")
         return as_record(weighted_average(states, weights))
 
     def detect(self, grid: Grid, arrays: ArrayRecord, server_round: int = 0) -> None:
         """Every client's per-class losses of the current global model, and the voted noisy set S_n."""
-        query = instruction(ClassLossQuery(self.detect_transform, server_round), arrays=arrays)
+        query = instruction(ClassLossIns(self.settings.detect_transform, server_round), arrays=arrays)
         replies = self.exchange(grid, dict.fromkeys(self.federation.partition_ids, query), CLASS_LOSS,
                                 _read_class_losses)
         self.queries += len(replies)
@@ -208,80 +200,42 @@ class FedNoRo(FedAvg):
                                          np.array([replies[pid].counts for pid in pids]))
         # The first detection's stream keeps its name; a re-detection's is named by its round.
         stream = "fednoro-detection" if not self.detections else f"fednoro-detection/{self.stage_rounds}"
-        seeds = [int(s) for s in rng_for(self.seed, stream).integers(2**31, size=self.gmm_runs)]
+        seeds = [int(s) for s in rng_for(self.context.seed, stream).integers(2**31, size=self.settings.gmm_runs)]
         rows, self.agreement = voted_noisy_rows(matrix, seeds)
         self.noisy = frozenset(pids[row] for row in rows)
         self.scores = {pid: float(matrix[i].sum()) for i, pid in enumerate(pids)}
         self.stage = DISTILL
-        block = detection_block(self.noisy, self.truth)
+        block = detection_block(self.noisy, self.context.truth)
         self.detections.append({"after_round": self.stage_rounds, "noisy_clients": len(self.noisy),
                                 "vote_agreement": self.agreement, "detection": block.get("detection")})
         what = "warm-up rounds" if len(self.detections) == 1 else "rounds (re-detection)"
         line = (f"[fednoro] detection after {self.stage_rounds} {what}: {len(self.noisy)} of {len(pids)} "
-                f"clients noisy ({100 * self.agreement:.0f}% of {self.gmm_runs} mixture fits agree)")
+                f"clients noisy ({100 * self.agreement:.0f}% of {self.settings.gmm_runs} mixture fits agree)")
         if block.get("detection"):
             d = block["detection"]
             line += f"; precision {d['precision']:.3f}, recall {d['recall']:.3f}, F1 {d['f1']:.3f}"
         print(line, flush=True)
 
-    def extra_results(self) -> dict[str, Any]:
+    def result_blocks(self) -> dict[str, Any]:
         """The ``fednoro`` block: S_n (scored with ground truth), when and how it was found, per client."""
         block: dict[str, Any] = {
             "detected_after_round": self.warmup if self.noisy is not None else None,
-            **detection_block(self.noisy or (), self.truth),
+            **detection_block(self.noisy or (), self.context.truth),
             "vote_agreement": self.agreement,
             "detections": self.detections,
             "class_loss_queries": self.queries,
             "clients": [{"client": pid, "loss_score": self.scores.get(pid),
                          "detected_noisy": self.noisy is not None and pid in self.noisy,
-                         **({"true_noise": self.truth.true_noise[pid]} if self.truth else {})}
+                         **({"true_noise": self.context.truth.true_noise[pid]} if self.context.truth else {})}
                         for pid in self.federation.partition_ids],
         }
         return {"fednoro": block}
 
 
-def _read_class_losses(content: RecordDict, sender: str) -> ClassLosses:
-    res = read_reply(content, ClassLosses, sender)
+def _read_class_losses(content: RecordDict, sender: str) -> ClassLossRes:
+    res = read_reply(content, ClassLossRes, sender)
     if len(res.counts) != len(res.losses) or any(c < 0 for c in res.counts):
         raise ProtocolError(sender, "counts", "must be one count >= 0 per class loss")
     if not all(np.isfinite(res.losses)):
         raise ProtocolError(sender, "losses", "must be finite numbers")
     return res
-
-
-def _arguments(options: FedNoRoSettings, env: Environment, num_rounds: int) -> dict[str, Any]:
-    return {"warmup": options.warmup_of(num_rounds), "ramp": options.ramp_of(num_rounds),
-            "kd_weight": options.kd_weight, "kd_temperature": options.kd_temperature, "la_tau": options.la_tau,
-            "absent_classes": options.absent_classes, "gmm_runs": options.gmm_runs,
-            "distance": options.distance, "distance_buffers": options.distance_buffers,
-            "detect_transform": options.detect_transform, "redetect_every": options.redetect_every,
-            "parameter_names": env.parameter_names, "seed": env.seed, "truth": env.truth}
-
-
-# The clients train with FedNoRo's own objective (learner ``ce`` in the train block), one network.
-_METHOD = RoundMethod(FedNoRoSettings, FedNoRo, learner="ce", two_networks=False)
-_ROUNDS = round_entry("fednoro", _METHOD)
-
-
-def _check(settings: RoundMethodSettings, env: Environment) -> None:
-    _ROUNDS.check(settings, env)
-    rounds = settings.rounds.rounds_under(env.comm_budget, env.num_clients)
-    options: FedNoRoSettings = settings.options
-    begin, end = options.ramp_of(rounds)
-    if begin >= rounds:
-        raise ConfigError(f"strategy.warmup={begin} is invalid: allowed is fewer than the run's {rounds} rounds")
-    if end <= begin:
-        raise ConfigError(f"strategy.warmup={begin} is invalid: the distillation weight's ramp ends at round {end} "
-                          f"(kd_ramp_end={options.kd_ramp_end}); allowed is a warm-up shorter than that")
-
-
-def _build(settings: RoundMethodSettings, env: Environment, rng: np.random.Generator) -> FedNoRo:
-    rounds = settings.rounds
-    num_rounds = rounds.rounds_under(env.comm_budget, env.num_clients)
-    return FedNoRo(num_rounds=num_rounds, fraction=rounds.fraction, min_clients=rounds.min_clients,
-                   train=rounds.train, stage=WARMUP, rng=rng, skip_failed=env.skip_failed,
-                   **_arguments(settings.options, env, num_rounds))
-
-
-# Not offered as FedCorr's stage 3 (no round_method): its warm-up and detection are a run of their own.
-STRATEGY = replace(_ROUNDS, check=_check, build=_build, round_method=None)

@@ -9,38 +9,34 @@ from the communication cost (results.json block ``poc``).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 from flwr.app import ArrayRecord, RecordDict
 from flwr.serverapp import Grid
 
-from common.errors import ConfigError
-from common.validation import Integer, check_fields, rule
+from common.errors import InvalidValue
+from common.validation import Interval, option
 from protocol.messages import LOSS, Scores, instruction, read_reply
-from strategies.environment import Environment
+from strategies.context import StrategyContext
 from strategies.fedavg import FedAvg
-from strategies.registry import RoundMethod, round_entry
+from strategies.rounds import RoundSettings
 
 
 @dataclass(frozen=True)
-class PocOptions:
-    """d: the candidate pool size (FedCorr Appendix B: 30 of 100 clients); round size <= d <= N."""
+class PocSettings(RoundSettings):
+    """FedAvg's schedule and the candidate pool (``conf/strategy/options/poc.yaml``)."""
 
-    d: int = field(metadata=rule(Integer(low=1)))
+    d: int = option(Interval(int, 1), "the candidate pool size; round size <= d <= num_clients "
+                                      "(FedCorr Appendix B: 30 of 100 clients)")
 
-    def __post_init__(self) -> None:
-        check_fields(self)
-
-
-def check_pool(options: PocOptions, round_clients: int, env: Environment, key: str) -> None:
-    """The pool must hold a round's clients and fit the federation."""
-    if not round_clients <= options.d <= env.num_clients:
-        raise ConfigError(
-            f"{key}.d={options.d} is invalid: allowed is between the clients per round ({round_clients}) "
-            f"and num_clients ({env.num_clients})"
-        )
+    def check_options(self, context: StrategyContext) -> None:
+        """The pool must hold a round's clients and fit the federation."""
+        round_clients = self.round_size(context.num_clients)
+        if not round_clients <= self.d <= context.num_clients:
+            raise InvalidValue("d", self.d, f"allowed is between the clients per round ({round_clients}) "
+                                            f"and num_clients ({context.num_clients})")
 
 
 def highest_loss(losses: dict[int, float], count: int) -> list[int]:
@@ -54,22 +50,20 @@ def _read_loss(content: RecordDict, sender: str) -> float:
 
 
 class PowerOfChoice(FedAvg):
-    """FedAvg whose clients are the highest-loss members of a random candidate pool.
+    """FedAvg whose clients are the highest-loss members of a random candidate pool of ``d``."""
 
-    d: candidate pool size; m <= d <= N (checked with the config).
-    Other arguments: see ``FedAvg``.
-    """
+    name = "poc"
+    settings: PocSettings
 
-    def __init__(self, *, d: int, **kwargs: Any) -> None:
-        super().__init__(**kwargs)
-        self.d = d
+    def __init__(self, settings: PocSettings, context: StrategyContext, stage: str | None = None) -> None:
+        super().__init__(settings, context, stage)
         self.loss_queries = 0
 
     def candidates(self) -> list[int]:
         """The round's pool: ``d`` distinct clients drawn with probability proportional to local set size."""
         population = self.federation.partition_ids
         sizes = np.array([self.federation.num_examples[pid] for pid in population], dtype=np.float64)
-        chosen = self.rng.choice(np.asarray(population), size=self.d, replace=False, p=sizes / sizes.sum())
+        chosen = self.rng.choice(np.asarray(population), size=self.settings.d, replace=False, p=sizes / sizes.sum())
         return sorted(int(pid) for pid in chosen)
 
     def select(self, server_round: int, arrays: ArrayRecord, grid: Grid) -> list[int]:
@@ -80,9 +74,6 @@ class PowerOfChoice(FedAvg):
         self.loss_queries += len(losses)
         return highest_loss(losses, min(self.round_size(), len(losses)))
 
-    def extra_results(self) -> dict[str, Any]:
+    def result_blocks(self) -> dict[str, Any]:
         """The ``poc`` block of results.json: ``d`` and how many loss queries clients answered."""
-        return {"poc": {"d": self.d, "loss_queries": self.loss_queries}}
-
-
-STRATEGY = round_entry("poc", RoundMethod(PocOptions, PowerOfChoice, check=check_pool))
+        return {"poc": {"d": self.settings.d, "loss_queries": self.loss_queries}}

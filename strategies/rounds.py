@@ -1,4 +1,5 @@
-"""Settings every round-based strategy shares (FedAvg and its family, standalone or as FedCorr's stage 3).
+"""The settings every round-based strategy shares (FedAvg and its family, standalone or as FedCorr's
+stage 3): a schedule of rounds and the local training its clients do.
 
 ``conf/strategy/rounds/default.yaml`` holds the defaults of the schedule, ``conf/strategy/local/sgd.yaml``
 those of local training.
@@ -6,31 +7,24 @@ those of local training.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
-from common.errors import ConfigError
-from common.validation import Integer, Number, check_fields, rule
+from common.errors import ConfigError, InvalidValue
+from common.validation import Interval, option
+from strategies.base import StrategySettings
+from strategies.context import StrategyContext
 from strategies.sampling import round_size
 from task.local_training import LocalTraining
 
 
 @dataclass(frozen=True)
-class RoundSettings:
-    """A round-based schedule and the local training its clients do.
+class RoundSettings(StrategySettings):
+    """A round-based schedule and the local training its clients do."""
 
-    num_rounds: rounds to run (a ``comm_budget`` replaces it, see ``rounds_under``).
-    fraction: share of all clients sampled per round, in (0, 1].
-    min_clients: the smallest round size.
-    train: the local SGD settings.
-    """
-
-    train: LocalTraining
-    num_rounds: int = field(metadata=rule(Integer(low=0)))
-    fraction: float = field(metadata=rule(Number(low=0.0, high=1.0, low_open=True)))
-    min_clients: int = field(default=1, metadata=rule(Integer(low=1)))
-
-    def __post_init__(self) -> None:
-        check_fields(self)
+    train: LocalTraining = option(meaning="the local training settings of every round")
+    num_rounds: int = option(Interval(int, 0), "rounds to run (a comm_budget replaces it)")
+    fraction: float = option(Interval(float, 0.0, 1.0, closed="right"), "share of all clients sampled per round")
+    min_clients: int = option(Interval(int, 1), "the smallest round size")
 
     def round_size(self, num_clients: int) -> int:
         """Clients per round in a federation of ``num_clients``."""
@@ -45,11 +39,22 @@ class RoundSettings:
                               "client participations")
         return (comm_budget - spent) // self.round_size(num_clients)
 
-    def check_for(self, num_clients: int, comm_budget: int | None, key: str) -> None:
-        """Checks that need the federation's size: round size and the budget's rounds."""
-        if self.min_clients > num_clients:
-            raise ConfigError(f"{key}.min_clients={self.min_clients} is invalid: allowed is at most "
-                              f"num_clients={num_clients}")
-        if comm_budget is not None and self.rounds_under(comm_budget, num_clients) < 1:
-            raise ConfigError(f"comm_budget={comm_budget} is invalid: too small; one round spends "
-                              f"{self.round_size(num_clients)} client participations")
+    def check_run(self, context: StrategyContext) -> None:
+        """As a standalone strategy: at least one round, a round size that fits the federation, a budget
+        that pays for a round, and the method's own options (``check_options``)."""
+        Interval(int, 1).check("num_rounds", self.num_rounds)
+        self.check_round_size(context)
+        if context.comm_budget is not None and self.rounds_under(context.comm_budget, context.num_clients) < 1:
+            raise ConfigError(f"comm_budget={context.comm_budget} is invalid: too small; one round spends "
+                              f"{self.round_size(context.num_clients)} client participations")
+        self.check_options(context)
+
+    def check_round_size(self, context: StrategyContext) -> None:
+        """``min_clients`` must fit the federation."""
+        if self.min_clients > context.num_clients:
+            raise InvalidValue("min_clients", self.min_clients,
+                               f"allowed is at most num_clients={context.num_clients}")
+
+    def check_options(self, context: StrategyContext) -> None:
+        """Checks of the method's own options that need the run, standalone or as FedCorr's stage 3
+        (none by default)."""

@@ -13,7 +13,7 @@ import numpy as np
 
 from common.errors import ConfigError
 from common.mixture import high_component
-from common.validation import check_number
+from common.validation import Interval
 
 
 def _check_losses(losses: np.ndarray, n: int | None = None) -> np.ndarray:
@@ -94,8 +94,8 @@ def stage1_relabel(
     >= theta. Returns (new labels, a copy; mu_hat; ascending indices whose label changed). A sample whose
     argmax already equals its label is not counted as changed. Inputs are not modified.
     """
-    check_number("strategy.pi", pi, low=0.0, high=1.0)
-    check_number("strategy.theta", theta, low=0.0, high=1.0)
+    Interval(float, 0.0, 1.0).check("strategy.pi", pi)
+    Interval(float, 0.0, 1.0).check("strategy.theta", theta)
     labels, probabilities = _check_labels(labels, probabilities)
     n = labels.shape[0]
     losses = _check_losses(losses, n)
@@ -121,6 +121,6 @@ def stage2_relabel(
     Every sample whose max probability is >= theta gets the argmax label. Returns (new labels, a copy;
     ascending indices whose label changed). Inputs are not modified.
     """
-    check_number("strategy.theta", theta, low=0.0, high=1.0)
+    Interval(float, 0.0, 1.0).check("strategy.theta", theta)
     labels, probabilities = _check_labels(labels, probabilities)
     return _relabel(labels, probabilities, np.arange(labels.shape[0]), theta)

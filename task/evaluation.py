@@ -8,7 +8,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from common.errors import ConfigError
-from common.validation import check_int
+from common.validation import Interval
 from data.sources.base import ImageArray
 from data.transforms import BatchTransform
 from models.peer_pair import PeerPair
@@ -59,7 +59,7 @@ def augmented_logits(
 
 def _forward(model: nn.Module, images: ImageArray, transform: BatchTransform, generator: torch.Generator | None,
              batch_size: int, device: torch.device | str) -> torch.Tensor:
-    check_int("batch_size", batch_size, low=1)
+    Interval(int, 1).check("batch_size", batch_size)
     batches = ImageBatches(images, device)
     model.to(batches.device)
     was_training = model.training

@@ -19,7 +19,7 @@ from __future__ import annotations
 import numpy as np
 
 from common.errors import ConfigError
-from common.validation import check_int
+from common.validation import Interval
 
 DISTANCE_FLOOR = 1e-6
 # Rows of the distance matrix computed at once, as a number of matrix entries (float64): 32 MiB.
@@ -61,7 +61,7 @@ def lid_mle(points: np.ndarray, k: int) -> np.ndarray:
     n >= 2, and 1 <= k <= n - 1. Returns float64 of shape (n,), finite and >= 0.
     """
     array = _check_points(points)
-    check_int("k", k, low=1)
+    Interval(int, 1).check("k", k)
     n = array.shape[0]
     if k > n - 1:
         raise ConfigError(f"k={k} is invalid for {n} points: allowed is an integer <= {n - 1}")
@@ -83,7 +83,7 @@ def lid_score(probabilities: np.ndarray, k: int = 20) -> float:
     Uses k_eff = min(k, n - 1) neighbours, so a small client still gets a score; FedCorr fixes k = 20.
     A client needs at least 2 samples. The result is always finite and >= 0.
     """
-    check_int("k", k, low=1)
+    Interval(int, 1).check("k", k)
     array = np.asarray(probabilities)
     if array.ndim != 2 or array.shape[0] < 2:
         raise ConfigError(

@@ -6,58 +6,42 @@ Torch-free, so strategies and the protocol can carry both without importing the 
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 from common.errors import InvalidValue
-from common.validation import Choice, Integer, Real, check_fields, rule
-from task.learner_options import LEARNERS, CoteachingOptions, LearnerSchedule, LsrOptions, SceOptions
+from common.validation import Checked, Interval, Options, option
+from task.learner_settings import LEARNERS, CoteachingSettings, LearnerSchedule, LsrSettings, SceSettings
 
 PROX_NORMS = ("squared", "l2")
 # The local optimiser, created afresh every local run: SGD (FedCorr and most papers), or Adam with
-# torch's betas (0.9, 0.999) (FedNoRo's released code, methods.md B7).
+# torch's betas (0.9, 0.999) (FedNoRo's released code).
 OPTIMIZERS = ("sgd", "adam")
 
-# Each learner's options travel under their own name in a train message (``lsr.gamma``); the key is
-# the one protocol.codec reads (``NAMESPACED``).
-_OWN_KEYS = {"namespaced": True}
+_NON_NEGATIVE = Interval(float, 0, finite=True)
 
 
 @dataclass(frozen=True)
-class LocalTraining:
-    """Local SGD settings; the defaults are FedCorr's (Appendix B: SGD, momentum 0.5, no weight decay,
-    5 local epochs, batch 10). ``conf/strategy/local/sgd.yaml`` holds the run defaults.
+class LocalTraining(Checked):
+    """Local training settings (``conf/strategy/local/sgd.yaml``: FedCorr's Appendix B). Each
+    learner's settings travel under its own name in a train message (``lsr.gamma``)."""
 
-    lr: the learning rate (> 0).
-    optimizer: ``sgd`` | ``adam`` (``OPTIMIZERS``).
-    momentum: SGD momentum in [0, 1) (Adam uses its own betas); weight_decay: L2 weight decay (>= 0).
-    epochs: passes over the local set; batch_size: samples per step.
-    learner: the local objective (``task/learners/``): ``ce`` | ``mixup`` | ``sce`` | ``coteaching``
-        | ``lsr``.
-    mixup_alpha: the ``mixup`` learner's Beta(alpha, alpha) (> 0 when it is used): each batch is mixed
-        with a random permutation of itself using one lambda per batch.
-    lsr, sce, coteaching: the options of those learners (``task.learner_options``).
-    prox_weight: 0 adds nothing; > 0 adds prox_weight * prox(w, w_global) to the loss. FedCorr's
-        weight is beta * mu_hat_k; FedProx's mu/2 with ``squared``.
-    prox_norm: ``squared`` is ||w - w_global||^2 (FedCorr eq. 5); ``l2`` is the unsquared norm.
-    """
+    lr: float = option(Interval(float, 0, closed="neither", finite=True), "the learning rate")
+    optimizer: str = option(Options(OPTIMIZERS), "sgd | adam (torch's betas)")
+    momentum: float = option(Interval(float, 0, 1, closed="left", finite=True), "SGD's momentum (Adam has its own)")
+    weight_decay: float = option(_NON_NEGATIVE, "L2 weight decay")
+    epochs: int = option(Interval(int, 1), "passes over the local set")
+    batch_size: int = option(Interval(int, 1), "samples per step")
+    learner: str = option(Options(LEARNERS), "the local objective (task/learners/)")
+    mixup_alpha: float = option(_NON_NEGATIVE, "the mixup learner's Beta(alpha, alpha); > 0 when it is used")
+    prox_weight: float = option(_NON_NEGATIVE, "> 0 adds prox_weight * prox(w, w_global) to the loss")
+    prox_norm: str = option(Options(PROX_NORMS), "squared: ||w - w_global||^2 (FedCorr eq. 5) | l2: the norm")
+    lsr: LsrSettings = option(meaning="the lsr learner's settings", namespaced=True)
+    sce: SceSettings = option(meaning="the sce learner's settings", namespaced=True)
+    coteaching: CoteachingSettings = option(meaning="the coteaching learner's settings", namespaced=True)
 
-    lr: float = field(metadata=rule(Real(low=0, low_open=True)))
-    optimizer: str = field(default="sgd", metadata=rule(Choice(OPTIMIZERS)))
-    momentum: float = field(default=0.5, metadata=rule(Real(low=0, below=1)))
-    weight_decay: float = field(default=0.0, metadata=rule(Real(low=0)))
-    epochs: int = field(default=5, metadata=rule(Integer(low=1)))
-    batch_size: int = field(default=10, metadata=rule(Integer(low=1)))
-    learner: str = field(default="ce", metadata=rule(Choice(LEARNERS)))
-    mixup_alpha: float = field(default=1.0, metadata=rule(Real(low=0)))
-    prox_weight: float = field(default=0.0, metadata=rule(Real(low=0)))
-    prox_norm: str = field(default="squared", metadata=rule(Choice(PROX_NORMS)))
-    lsr: LsrOptions = field(default_factory=LsrOptions, metadata=_OWN_KEYS)
-    sce: SceOptions = field(default_factory=SceOptions, metadata=_OWN_KEYS)
-    coteaching: CoteachingOptions = field(default_factory=CoteachingOptions, metadata=_OWN_KEYS)
-
-    def __post_init__(self) -> None:
-        check_fields(self)
+    def check(self) -> None:
+        """A learner's own settings must allow it: mixup needs alpha > 0, Co-teaching a forget rate."""
         if self.learner == "mixup" and self.mixup_alpha <= 0:
             raise InvalidValue("mixup_alpha", self.mixup_alpha, "a number > 0 with learner=mixup")
         if self.learner == "coteaching" and self.coteaching.forget_rate is None:
@@ -82,8 +66,9 @@ class LocalTraining:
 
 @dataclass(frozen=True)
 class TrainStats:
-    """What a local training run reports: the local set size, the mean batch loss of the last epoch
-    (without regularisers; NaN when no batch was trained) and the optimizer steps taken."""
+    """What a local training run reports (the ``train`` reply's payload): the local set size, the mean
+    batch loss of the last epoch (without regularisers; NaN when no batch was trained) and the
+    optimizer steps taken."""
 
     num_examples: int
     train_loss: float

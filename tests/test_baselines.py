@@ -5,30 +5,29 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from defaults import context, local_training, strategy_settings
 from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, Metadata, RecordDict
 from omegaconf import OmegaConf
 
-from client.methods.feddyn import load_correction, store_correction, updated_correction
+from client.plugins.feddyn import load_correction, store_correction, updated_correction
 from common.errors import ConfigError
-from protocol.feddyn import FedDynOptions
-from protocol.messages import LOSS, Scores, TrainIns, TrainRes, read_instruction, read_options, reply
+from protocol.feddyn import FedDynIns
+from protocol.messages import LOSS, Scores, TrainIns, TrainStats, read_instruction, read_options, reply
 from server.config import load_run
 from settings.compose import compose_config
 from strategies.aggregation import coordinate_median
-from strategies.environment import Environment
 from strategies.fedavg import FedAvg
 from strategies.feddyn import FedDyn, feddyn_server_step
 from strategies.federation import Federation
 from strategies.fedmedian import FedMedian
 from strategies.fedprox import FedProx
 from strategies.poc import PowerOfChoice, highest_loss
-from strategies.registry import build_strategy, parse_strategy
-from task.local_training import LocalTraining
+from strategies.registry import plan_strategy
 
 pytestmark = pytest.mark.usefixtures("flower_identity")
 
 NODES = {pid: 1000 + 7 * pid for pid in range(6)}
-TRAINING = LocalTraining(lr=0.1)
+TRAINING = local_training(lr=0.1)
 
 
 def federation(sizes: dict[int, int] | None = None) -> Federation:
@@ -95,17 +94,17 @@ def test_feddyn_corrects_parameters_and_only_averages_buffers():
 
 
 def test_feddyn_sends_alpha_and_decays_the_learning_rate():
-    strategy = FedDyn(alpha=0.01, lr_decay=0.5, parameter_names=["w"], num_rounds=3, fraction=0.5, train=TRAINING,
-                      rng=np.random.default_rng(0))
+    settings = strategy_settings("feddyn", alpha=0.01, lr_decay=0.5, num_rounds=3, fraction=0.5, train=TRAINING)
+    strategy = FedDyn(settings, context(parameter_names=("w",)))
     strategy.bind(federation())
     arrays = ArrayRecord({"w": Array(np.zeros(2, np.float32))})
     for server_round, lr in ((1, 0.1), (2, 0.05)):
         messages = list(strategy.configure_train(server_round, arrays, ConfigRecord(), grid=None))
         ins = read_instruction(messages[0].content, TrainIns)
-        assert ins.method == "feddyn" and ins.training.lr == pytest.approx(lr)
-        assert read_options(messages[0].content, "feddyn", FedDynOptions) == FedDynOptions(alpha=0.01)
+        assert ins.plugin == "feddyn" and ins.training.lr == pytest.approx(lr)
+        assert read_options(messages[0].content, "feddyn", FedDynIns) == FedDynIns(alpha=0.01)
         replies = [response(strategy.federation.partition_of(m.metadata.dst_node_id),
-                            reply(TrainRes(50, 1.0, 1), arrays=ArrayRecord({"w": Array(np.ones(2, np.float32))})))
+                            reply(TrainStats(50, 1.0, 1), arrays=ArrayRecord({"w": Array(np.ones(2, np.float32))})))
                    for m in messages]
         arrays, _ = strategy.aggregate_train(server_round, replies)
     assert strategy.stage_rounds == 2 and "w" in strategy.h
@@ -136,11 +135,11 @@ def test_coordinate_median_on_known_arrays():
 
 
 def test_fedmedian_ignores_an_outlier_client():
-    strategy = FedMedian(num_rounds=1, fraction=0.5, train=TRAINING, rng=np.random.default_rng(0))
+    strategy = FedMedian(strategy_settings("fedmedian", num_rounds=1, fraction=0.5, train=TRAINING), context())
     strategy.bind(federation())
     strategy.messages({pid: RecordDict() for pid in (0, 1, 2)}, "train")
     weights = {0: 1.0, 1: 1.2, 2: 1e6}
-    replies = [response(pid, reply(TrainRes(50, 0.1, 1), arrays=ArrayRecord({"w": Array(np.full(3, w, np.float32))})))
+    replies = [response(pid, reply(TrainStats(50, 0.1, 1), arrays=ArrayRecord({"w": Array(np.full(3, w, np.float32))})))
                for pid, w in weights.items()]
     arrays, _ = strategy.aggregate_train(1, replies)
     assert np.allclose(arrays["w"].numpy(), 1.2)
@@ -149,8 +148,8 @@ def test_fedmedian_ignores_an_outlier_client():
 # --- FedProx -----------------------------------------------------------------------------------------
 
 def test_fedprox_sends_half_mu_as_the_squared_proximal_weight():
-    strategy = FedProx(mu=1.0, num_rounds=1, fraction=0.5, train=TRAINING.but(prox_norm="l2"),
-                       rng=np.random.default_rng(0))
+    settings = strategy_settings("fedprox", mu=1.0, num_rounds=1, fraction=0.5, train=TRAINING.but(prox_norm="l2"))
+    strategy = FedProx(settings, context())
     strategy.bind(federation())
     messages = list(strategy.configure_train(1, ArrayRecord(), ConfigRecord(), None))
     assert len(messages) == 3
@@ -183,19 +182,19 @@ def test_highest_loss_breaks_ties_by_partition_id():
 
 def test_poc_trains_the_highest_loss_candidates():
     losses = {0: 0.3, 1: 2.5, 2: 0.1, 3: 1.7, 4: 0.9, 5: 3.0}
-    strategy = PowerOfChoice(d=4, num_rounds=1, fraction=0.3, train=TRAINING, rng=np.random.default_rng(3))
+    strategy = PowerOfChoice(strategy_settings("poc", d=4, num_rounds=1, fraction=0.3, train=TRAINING), context(rng=3))
     strategy.bind(federation())
     grid = LossGrid(losses)
     messages = list(strategy.configure_train(1, ArrayRecord(), ConfigRecord(), grid))
     trained = sorted(strategy.federation.partition_of(m.metadata.dst_node_id) for m in messages)
     assert len(set(grid.asked)) == 4 and len(trained) == 2
     assert trained == sorted(sorted(grid.asked, key=lambda pid: -losses[pid])[:2])
-    assert strategy.extra_results() == {"poc": {"d": 4, "loss_queries": 4}}
+    assert strategy.result_blocks() == {"poc": {"d": 4, "loss_queries": 4}}
 
 
 def test_poc_candidates_follow_data_size():
     sizes = {0: 1, 1: 1, 2: 1, 3: 1, 4: 1000, 5: 1000}
-    strategy = PowerOfChoice(d=2, num_rounds=1, fraction=0.2, train=TRAINING, rng=np.random.default_rng(0))
+    strategy = PowerOfChoice(strategy_settings("poc", d=2, num_rounds=1, fraction=0.2, train=TRAINING), context())
     strategy.bind(federation(sizes))
     picks = [tuple(strategy.candidates()) for _ in range(50)]
     assert picks.count((4, 5)) >= 45
@@ -209,8 +208,7 @@ def plan(overrides: list[str]):
 
 def build(overrides: list[str], parameter_names=("w",)):
     checked = plan(overrides)
-    return build_strategy(checked.strategy, checked.environment(parameter_names=tuple(parameter_names)),
-                          np.random.default_rng(0))
+    return checked.strategy.build(checked.context(parameter_names=tuple(parameter_names)))
 
 
 @pytest.mark.parametrize(("overrides", "message"), [
@@ -223,7 +221,7 @@ def build(overrides: list[str], parameter_names=("w",)):
     (["strategy=fedavg", "strategy.train.lr=0"], r"strategy.train.lr=0 is invalid: allowed is a finite number > 0"),
     (["strategy=fedavg", "+strategy.mu=1"], r"strategy config has unknown keys \['mu'\]"),
     (["strategy.stage3=poc", "strategy.stage3_options.poc.d=3"], r"strategy.stage3_options.poc.d=3 is invalid"),
-    (["strategy.stage3=scaffold"], r"strategy.stage3='scaffold' is invalid: allowed are fedavg, feddyn, fedlsr"),
+    (["strategy.stage3=fednoro"], r"strategy.stage3='fednoro' is invalid: allowed are fedavg, feddyn, fedlsr"),
     (["strategy.ablation.mixup=maybe"], r"strategy.ablation.mixup='maybe' is invalid: allowed is true or false"),
     (["+strategy.ablation.noise=false"], r"strategy.ablation config has unknown keys \['noise'\]"),
     (["strategy.frac2=0"], r"strategy.frac2=0 is invalid"),
@@ -284,9 +282,7 @@ def test_each_round_strategy_runs_standalone_over_the_test_grid(run_inprocess, n
 
 def test_a_strategy_block_without_a_name_or_a_train_block_is_refused_naming_the_key():
     block = OmegaConf.to_container(compose_config(["strategy=fedavg"]).strategy, resolve=True)
-    env = Environment(num_clients=10, seed=1)
     with pytest.raises(ConfigError, match=r"^strategy\.name=<unset> is invalid: the config must name a strategy$"):
-        parse_strategy({k: v for k, v in block.items() if k != "name"}, env)
-    with pytest.raises(ConfigError, match=r"^strategy\.train=<unset> is invalid: the strategy needs its local "
-                                          r"training settings$"):
-        parse_strategy({k: v for k, v in block.items() if k != "train"}, env)
+        plan_strategy({k: v for k, v in block.items() if k != "name"}, context())
+    with pytest.raises(ConfigError, match=r"^strategy\.train=<unset> is invalid: the config must set it$"):
+        plan_strategy({k: v for k, v in block.items() if k != "train"}, context())

@@ -2,16 +2,16 @@
 
 import numpy as np
 import pytest
+from defaults import local_training
 from flwr.app import ConfigRecord, Context, RecordDict
 
 from client import app as client_app
 from common.errors import ConfigError
 from protocol.codec import ProtocolError, encode
-from protocol.feddyn import FedDynOptions
-from protocol.messages import METRICS, NodeInfo, Scores, TrainIns, TrainRes, instruction, read_reply
-from task.local_training import LocalTraining
+from protocol.feddyn import FedDynIns
+from protocol.messages import METRICS, NodeInfo, Scores, TrainIns, TrainStats, instruction, read_reply
 
-TRAINING = LocalTraining(lr=0.05, epochs=1, batch_size=16)
+TRAINING = local_training(lr=0.05, epochs=1, batch_size=16)
 
 
 @pytest.fixture(scope="module")
@@ -29,7 +29,7 @@ def test_train_returns_new_arrays_and_stats(run, incoming, node_context):
     overrides, scene, arrays = run
     content = instruction(TrainIns(1, TRAINING), arrays=arrays)
     reply = client_app.train(incoming(content, "train"), node_context(overrides, 2))
-    stats = read_reply(reply.content, TrainRes, "client 2")
+    stats = read_reply(reply.content, TrainStats, "client 2")
     assert stats.num_examples == scene.client_sizes()[2] and stats.steps > 0
     before, after = arrays.to_torch_state_dict(), reply.content["arrays"].to_torch_state_dict()
     assert before.keys() == after.keys()
@@ -49,7 +49,7 @@ def test_evaluate_scores_the_local_set(run, incoming, node_context):
 
 def test_a_bad_train_instruction_names_the_sender_and_the_key(run, incoming, node_context):
     overrides, _, arrays = run
-    config = {**encode(TrainIns(1, LocalTraining(lr=0.1, epochs=1, batch_size=16))), "lr": -1.0}
+    config = {**encode(TrainIns(1, local_training(lr=0.1, epochs=1, batch_size=16))), "lr": -1.0}
     content = RecordDict({"arrays": arrays, "config": ConfigRecord(config)})
     with pytest.raises(ProtocolError,
                        match="the server sent a bad message: key 'lr' is invalid: allowed is a finite number > 0"):
@@ -62,9 +62,9 @@ def test_a_bad_train_instruction_names_the_sender_and_the_key(run, incoming, nod
 
 def test_an_unknown_client_method_is_named(run, incoming, node_context):
     overrides, _, arrays = run
-    content = instruction(TrainIns(1, TRAINING, method="fedmagic"), arrays=arrays)
+    content = instruction(TrainIns(1, TRAINING, plugin="fedmagic"), arrays=arrays)
     known = "'', 'fedcorr', 'feddiv', 'feddyn', 'fedes', 'fednoro'"
-    with pytest.raises(ValueError, match=f"client method 'fedmagic'; this node knows {known}"):
+    with pytest.raises(ValueError, match=f"client plug-in 'fedmagic'; this node knows {known}"):
         client_app.train(incoming(content, "train"), node_context(overrides, 0))
 
 
@@ -78,8 +78,8 @@ def test_a_node_without_partition_is_a_clear_error(run, incoming, node_context):
 def test_feddyn_train_keeps_its_correction_as_client_state(run, incoming, node_context):
     overrides, _, arrays = run
     context = node_context(overrides, 1)
-    content = instruction(TrainIns(1, TRAINING, method="feddyn"), arrays=arrays, options=FedDynOptions(alpha=0.1),
-                          method="feddyn")
+    content = instruction(TrainIns(1, TRAINING, plugin="feddyn"), arrays=arrays, options=FedDynIns(alpha=0.1),
+                          plugin="feddyn")
     local = client_app.train(incoming(content, "train"), context).content["arrays"].to_torch_state_dict()
     start = arrays.to_torch_state_dict()
     stored = context.state.array_records["feddyn-correction"]

@@ -131,7 +131,8 @@ def test_a_root_that_is_not_a_folder_is_refused_before_any_scene(tmp_path, name,
     root = tmp_path / "nonexistent"
     if kind == "a file":
         root.write_text("")
-    source = DatasetSource(name, num_classes=14 if name == "clothing1m" else 10, root=str(root))
+    source = DatasetSource(name, num_classes=14 if name == "clothing1m" else 10, root=str(root), download=False,
+                           cache_dir=None)
     for attempt in (source.check_root, source.load):  # a command may check before loading anything
         with pytest.raises(InvalidValue) as caught:
             attempt()
@@ -157,7 +158,8 @@ def test_a_download_may_create_a_missing_root_but_not_replace_a_file(tmp_path):
 
 def test_a_null_root_keeps_the_lookup_order(tmp_path, monkeypatch):
     monkeypatch.setattr(fashion_mnist, "SYSTEM_DIR", tmp_path / "system")
-    source = DatasetSource("fashion_mnist", num_classes=10, cache_dir=str(tmp_path / "cache"))
+    source = DatasetSource("fashion_mnist", num_classes=10, root=None, download=False,
+                           cache_dir=str(tmp_path / "cache"))
     with pytest.raises(DatasetNotFoundError) as caught:
         source.load()
     assert f"{tmp_path / 'system'}: does not exist" in str(caught.value)

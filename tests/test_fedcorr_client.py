@@ -5,18 +5,18 @@ import math
 
 import numpy as np
 import pytest
+from defaults import local_training
 from flwr.app import ArrayRecord, Context, RecordDict
 
 from client import app as client_app
 from client import node as client_node
 from client.label_state import current_labels, load_local_losses, store_local_losses
 from protocol.codec import ProtocolError
-from protocol.fedcorr import CorrectIns, CorrectRes, LidScore, Stage1Options
+from protocol.fedcorr import CorrectIns, CorrectRes, LidRes, Stage1Ins
 from protocol.messages import TrainIns, instruction, read_extra, read_reply
 from task.evaluation import loss_and_proba
-from task.local_training import LocalTraining
 
-TRAINING = LocalTraining(lr=0.05, epochs=1, batch_size=16, learner="mixup", prox_weight=0.5)
+TRAINING = local_training(lr=0.05, epochs=1, batch_size=16, learner="mixup", prox_weight=0.5)
 
 
 @pytest.fixture(scope="module")
@@ -25,23 +25,24 @@ def run(prepared_run):
 
 
 def train_stage1(incoming, context: Context, arrays, server_round: int = 1, keep_losses: bool = True):
-    content = instruction(TrainIns(server_round, TRAINING, method="fedcorr"), arrays=arrays,
-                          options=Stage1Options(lid_k=20, keep_losses=keep_losses), method="fedcorr")
+    content = instruction(TrainIns(server_round, TRAINING, plugin="fedcorr"), arrays=arrays,
+                          options=Stage1Ins(lid_k=20, keep_losses=keep_losses), plugin="fedcorr")
     return client_app.train(incoming(content, "train"), context)
 
 
 def correct(incoming, context: Context, arrays, **changes) -> CorrectRes:
-    settings = {"mode": "stage1", "pi": 0.5, "theta": 0.5, "relabel": True, "seed": 1, "diagnostics": True, **changes}
+    settings = {"mode": "stage1", "pi": 0.5, "theta": 0.5, "split_losses": "local", "rank_losses": "global",
+                "relabel": True, "seed": 1, "diagnostics": True, **changes}
     content = instruction(CorrectIns(**settings), arrays=arrays)
     return read_reply(client_app.app(incoming(content, "query.correct"), context).content, CorrectRes, "client")
 
 
 def test_stage1_training_reports_a_finite_lid(run, incoming, node_context):
     overrides, _, arrays = run
-    content = instruction(TrainIns(1, TRAINING, method="fedcorr"), arrays=arrays, options=Stage1Options(lid_k=20),
-                          method="fedcorr")
+    content = instruction(TrainIns(1, TRAINING, plugin="fedcorr"), arrays=arrays, options=Stage1Ins(lid_k=20),
+                          plugin="fedcorr")
     reply = client_app.train(incoming(content, "train"), node_context(overrides, 1))
-    lid = read_extra(reply.content, "fedcorr", LidScore, "client 1").lid
+    lid = read_extra(reply.content, "fedcorr", LidRes, "client 1").lid
     assert math.isfinite(lid) and lid >= 0
 
 
@@ -72,7 +73,8 @@ def test_without_diagnostics_only_counts_and_mu_hat_leave_the_client(run, incomi
     overrides, _, arrays = run
     context = node_context(overrides, 4)
     train_stage1(incoming, context, arrays)
-    content = instruction(CorrectIns(mode="stage1", pi=0.5, theta=0.5, seed=1), arrays=arrays)
+    content = instruction(CorrectIns(mode="stage1", pi=0.5, theta=0.5, split_losses="local",
+                                     rank_losses="global", seed=1), arrays=arrays)
     reply = client_app.app(incoming(content, "query.correct"), context).content
     assert set(reply) == {"metrics"} and set(reply["metrics"]) == {"n-relabeled", "mu-hat"}
     # Stage 2 never sends a split either way; with diagnostics it sends counts, never per-sample values.
@@ -106,7 +108,8 @@ def test_corrected_labels_survive_a_recreated_client_process(run, incoming, node
 
 def test_an_unknown_correction_mode_is_refused_naming_the_key(run, incoming, node_context):
     overrides, _, arrays = run
-    content = instruction(CorrectIns(mode="stage1", pi=0.5, theta=0.5), arrays=arrays)
+    content = instruction(CorrectIns(mode="stage1", pi=0.5, theta=0.5, split_losses="local",
+                                     rank_losses="global"), arrays=arrays)
     content["config"]["mode"] = "stage3"
     with pytest.raises(ProtocolError, match="key 'mode' is invalid: allowed are stage1, stage2"):
         client_app.app(incoming(content, "query.correct"), node_context(overrides, 0))

@@ -7,27 +7,31 @@ runs with the paper's defaults and with the released code's switches."""
 from __future__ import annotations
 
 import math
-from dataclasses import asdict
+from dataclasses import asdict, replace
 
 import numpy as np
 import pytest
 import torch
+from defaults import context, local_training, strategy_settings
 from flwr.app import Array, ArrayRecord, ConfigRecord
 from torch import nn
 
-from client.methods.feddiv import diagnostics, filter_losses, select
+from client.plugins.feddiv import diagnostics, filter_losses, select
 from common.errors import ConfigError
 from protocol.codec import decode, encode
-from protocol.feddiv import FedDivOptions, FedDivParams, FedDivReport
-from protocol.messages import TrainRes
+from protocol.feddiv import FedDivClientSettings, FedDivIns, FedDivRes
+from protocol.messages import TrainStats
 from strategies.base import TrainReply
 from strategies.feddiv import MAIN, FedDiv
 from strategies.federation import Federation
 from task.consistency import consistent, debiased_labels, updated_prior
 from task.learners.base import Batch
 from task.learners.uniform_prior import MixupUniformPrior, uniform_prior_penalty
-from task.local_training import LocalTraining
 from task.noise_filter import NoiseFilter, aggregate_filters, clean_posterior, fit_filter, min_max, random_filter
+
+
+def client_settings(**changes) -> FedDivClientSettings:
+    return replace(strategy_settings("feddiv").params, **changes)
 
 
 def test_min_max_scales_to_unit_range():
@@ -134,14 +138,14 @@ PROBS = np.array([[0.6, 0.2, 0.2], [0.1, 0.8, 0.1], [0.05, 0.9, 0.05], [0.4, 0.3
 
 @pytest.mark.parametrize(("params", "clean", "participations", "candidates", "relabeled", "sampler"), [
     # Eq. 11: clean samples plus confident noisy ones, relabelled; a clean client keeps everything.
-    (FedDivParams(), [1, 1, 0, 0, 1], 0, [0, 1, 2, 4], [2], True),
-    (FedDivParams(), [1, 1, 1, 1, 1], 0, [0, 1, 2, 3, 4], [], False),
-    (FedDivParams(relabel=False), [1, 1, 0, 0, 1], 0, [0, 1, 4], [], True),
-    (FedDivParams(pcs=False), [1, 1, 0, 0, 1], 0, [0, 1, 2, 4], [2], False),
+    (client_settings(), [1, 1, 0, 0, 1], 0, [0, 1, 2, 4], [2], True),
+    (client_settings(), [1, 1, 1, 1, 1], 0, [0, 1, 2, 3, 4], [], False),
+    (client_settings(relabel=False), [1, 1, 0, 0, 1], 0, [0, 1, 4], [], True),
+    (client_settings(pcs=False), [1, 1, 0, 0, 1], 0, [0, 1, 2, 4], [2], False),
     # The code's rules: clean samples only before the 5th participation, and while delta_hat <= 0.2.
-    (FedDivParams(pcs_code_rules=True), [1, 1, 0, 0, 1], 4, [0, 1, 4], [], False),
-    (FedDivParams(pcs_code_rules=True), [1, 1, 0, 0, 1], 5, [0, 1, 2, 4], [2], True),
-    (FedDivParams(pcs_code_rules=True), [1, 1, 0, 1, 1], 5, [0, 1, 3, 4], [], True),
+    (client_settings(pcs_code_rules=True), [1, 1, 0, 0, 1], 4, [0, 1, 4], [], False),
+    (client_settings(pcs_code_rules=True), [1, 1, 0, 0, 1], 5, [0, 1, 2, 4], [2], True),
+    (client_settings(pcs_code_rules=True), [1, 1, 0, 1, 1], 5, [0, 1, 3, 4], [], True),
 ])
 def test_the_selection_follows_eq_11_and_the_codes_rules(params, clean, participations, candidates, relabeled,
                                                          sampler):
@@ -184,27 +188,29 @@ def test_the_codes_extra_pass_moves_batch_norm_statistics_and_not_the_loss():
     assert (plain_count, extra_count) == (1, 2) and not torch.allclose(plain_mean, extra_mean)
 
 
-TRAINING = LocalTraining(lr=0.01, epochs=1, batch_size=4)
+TRAINING = local_training(lr=0.01, epochs=1, batch_size=4)
 
 
-def feddiv(**kwargs) -> FedDiv:
-    options = kwargs.pop("options", FedDivOptions(phase="warmup"))
-    strategy = FedDiv(num_rounds=3, fraction=0.5, train=TRAINING, rng=np.random.default_rng(0), options=options,
-                      squared_variances=False, truth=None, **kwargs)
+
+def feddiv(warmup_iterations: int = 0, warmup_schedule: str = "sequential", filter_scope: str = "all") -> FedDiv:
+    settings = strategy_settings("feddiv", num_rounds=3, fraction=0.5, train=TRAINING,
+                                 warmup_iterations=warmup_iterations, warmup_schedule=warmup_schedule,
+                                 params=client_settings(filter_scope=filter_scope))
+    strategy = FedDiv(settings, context(num_clients=4))
     strategy.bind(Federation(node_of={pid: 100 + pid for pid in range(4)}, num_examples=dict.fromkeys(range(4), 10)))
     return strategy
 
 
 def filter_replies(filters: dict[int, NoiseFilter], size: int = 10) -> dict[int, TrainReply]:
-    return {pid: TrainReply(ArrayRecord({"w": Array(np.zeros(2, np.float32))}), TrainRes(size, 0.1, 1),
-                            FedDivReport(filter=f, noise_estimate=0.2, relabeled=0, trained=size))
+    return {pid: TrainReply(ArrayRecord({"w": Array(np.zeros(2, np.float32))}), TrainStats(size, 0.1, 1),
+                            FedDivRes(filter=f, noise_estimate=0.2, relabeled=0, trained=size))
             for pid, f in filters.items()}
 
 
 def test_the_global_filter_averages_every_client_seen_or_only_this_rounds():
     a, b, c = (NoiseFilter(m, m + 0.5, 0.01, 0.02, 0.7, 0.3) for m in (0.1, 0.2, 0.4))
     for round_only, second in ((False, aggregate_filters([a, b, c], [10.0] * 3)), (True, c)):
-        strategy = feddiv(warmup_rounds=0, sampled_warmup=False, round_filters=round_only)
+        strategy = feddiv(filter_scope="round" if round_only else "all")
         strategy.stage = MAIN
         strategy.aggregate(filter_replies({0: a, 1: b}))
         assert strategy.global_filter == aggregate_filters([a, b], [10.0, 10.0])
@@ -214,7 +220,7 @@ def test_the_global_filter_averages_every_client_seen_or_only_this_rounds():
 
 @pytest.mark.parametrize(("sampled", "sizes"), [(False, [1, 1, 1, 1, 1, 1, 1, 1]), (True, [2, 2, 2, 2])])
 def test_the_warmup_visits_one_client_at_a_time_or_samples_rounds(flower_identity, sampled, sizes):
-    strategy = feddiv(warmup_rounds=len(sizes), sampled_warmup=sampled, round_filters=False)
+    strategy = feddiv(warmup_iterations=2, warmup_schedule="rounds" if sampled else "sequential")
     arrays = ArrayRecord({"w": Array(np.zeros(2, np.float32))})
     visits = []
     for server_round in range(1, len(sizes) + 1):
@@ -228,15 +234,16 @@ def test_the_warmup_visits_one_client_at_a_time_or_samples_rounds(flower_identit
 
 
 def test_options_and_report_travel_through_the_codec():
-    options = FedDivOptions(phase="main", filter=NoiseFilter(0.1, 0.7, 0.01, 0.02, 0.8, 0.2), eta=1.0, seed=3)
+    options = FedDivIns(phase="main", params=client_settings(), filter=NoiseFilter(0.1, 0.7, 0.01, 0.02, 0.8, 0.2),
+                        eta=1.0, seed=3)
     record = encode(options)
     assert record["filter.mean-clean"] == 0.1 and record["zeta"] == 0.75 and record["filter-init"] == "local_bootstrap"
-    assert decode(FedDivOptions, record, "the server") == options
-    no_filter = FedDivOptions(phase="main")
-    assert decode(FedDivOptions, encode(no_filter), "the server").filter is None
-    report = FedDivReport(filter=NoiseFilter(0.1, 0.7, 0.01, 0.02, 0.8, 0.2), noise_estimate=0.25, relabeled=3,
+    assert decode(FedDivIns, record, "the server") == options
+    no_filter = FedDivIns(phase="main", params=client_settings(), eta=0.0)
+    assert decode(FedDivIns, encode(no_filter), "the server").filter is None
+    report = FedDivRes(filter=NoiseFilter(0.1, 0.7, 0.01, 0.02, 0.8, 0.2), noise_estimate=0.25, relabeled=3,
                           trained=40)
-    assert decode(FedDivReport, encode(report), "client 1") == report
+    assert decode(FedDivRes, encode(report), "client 1") == report
 
 
 @pytest.mark.parametrize(("overrides", "message"), [
@@ -299,11 +306,11 @@ def test_the_client_state_survives_a_restarted_supernode_and_training_continues_
 
     from client import app as client_app
     from client import node as client_node
-    from client.methods.feddiv import load_state
+    from client.plugins.feddiv import load_state
     from protocol.messages import TrainIns, instruction, read_arrays, read_extra
 
     overrides, _, arrays = prepared_run("experiment=smoke strategy=feddiv")
-    params = FedDivParams(pcs_mode=pcs_mode)
+    params = client_settings(pcs_mode=pcs_mode)
 
     def context(state_dir) -> Context:
         config = {"partition-id": 4, **({"state-dir": str(state_dir)} if state_dir else {})}
@@ -311,12 +318,12 @@ def test_the_client_state_survives_a_restarted_supernode_and_training_continues_
                        run_config={"overrides": overrides})
 
     def train(ctx: Context, server_round: int) -> ArrayRecord:
-        options = FedDivOptions(phase="main", params=params, filter=NoiseFilter(0.1, 0.6, 0.01, 0.05, 0.7, 0.3),
+        options = FedDivIns(phase="main", params=params, eta=0.0, filter=NoiseFilter(0.1, 0.6, 0.01, 0.05, 0.7, 0.3),
                                 seed=1)
-        content = instruction(TrainIns(server_round, LocalTraining(lr=0.05, epochs=2, batch_size=16), method="feddiv"),
-                              arrays=arrays, options=options, method="feddiv")
+        content = instruction(TrainIns(server_round, local_training(lr=0.05, epochs=2, batch_size=16), plugin="feddiv"),
+                              arrays=arrays, options=options, plugin="feddiv")
         reply = client_app.train(incoming(content, "train"), ctx)
-        report = read_extra(reply.content, "feddiv", FedDivReport, "client 4")
+        report = read_extra(reply.content, "feddiv", FedDivRes, "client 4")
         assert 0.0 <= report.noise_estimate <= 1.0 and report.filter.mean_clean <= report.filter.mean_noisy
         return read_arrays(reply.content, "client 4")
 

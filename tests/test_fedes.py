@@ -7,14 +7,15 @@ import logging
 import numpy as np
 import pytest
 import torch
+from defaults import context, local_training, strategy_settings
 from flwr.app import Array, ArrayRecord, ConfigRecord, RecordDict
 from torch import nn
 
 from client import app as client_app
 from common.errors import ConfigError, InvalidValue
 from protocol.codec import ProtocolError
-from protocol.fedes import METHOD, SeGdOptions
-from protocol.messages import TrainIns, TrainRes, instruction, read_instruction, read_options, read_reply
+from protocol.fedes import PLUGIN, SeGdIns
+from protocol.messages import TrainIns, TrainStats, instruction, read_instruction, read_options, read_reply
 from server.config import load_run
 from settings.compose import compose_config
 from strategies import fedes_quality
@@ -31,12 +32,16 @@ from strategies.fedes_quality import (
     signed_distance,
     wasserstein_1d,
 )
-from strategies.registry import build_strategy
 from task.critical_parameters import in_parameter_set
-from task.local_training import LocalTraining
 from task.selective_gradient import critical_mask, selective_gradient, update_criticality
 
-TRAINING = LocalTraining(lr=0.05, epochs=1, batch_size=16)
+TRAINING = local_training(lr=0.05, epochs=1, batch_size=16)
+
+
+def segd(**changes) -> SeGdIns:
+    """A SeGD instruction with the conf's switches, and ``changes``."""
+    s = strategy_settings("fedes")
+    return SeGdIns(**{"mask_params": s.mask_params, "strict_freeze": s.strict_freeze, "mask": s.mask, **changes})
 
 
 # --- the quality estimate (server) ---------------------------------------------------------------
@@ -218,15 +223,15 @@ def test_naagg_weights_are_size_times_rho_and_none_when_all_zero():
 
 
 def fedes(**kwargs) -> FedES:
-    strategy = FedES(s1=1, parameter_names=["w"], seed=1, num_rounds=4, fraction=0.5, train=TRAINING,
-                     rng=np.random.default_rng(0), **kwargs)
+    settings = strategy_settings("fedes", s1=1, num_rounds=4, fraction=0.5, train=TRAINING, **kwargs)
+    strategy = FedES(settings, context(num_clients=4, parameter_names=("w",)))
     strategy.bind(Federation(node_of={pid: 100 + pid for pid in range(4)}, num_examples=dict.fromkeys(range(4), 10)))
     return strategy
 
 
 def replies(values: dict[int, float], sizes: dict[int, int]) -> dict[int, TrainReply]:
     return {pid: TrainReply(ArrayRecord({"w": Array(np.full((2, 2), value, np.float32))}),
-                            TrainRes(sizes[pid], 0.1, 1)) for pid, value in values.items()}
+                            TrainStats(sizes[pid], 0.1, 1)) for pid, value in values.items()}
 
 
 def test_naagg_weighs_by_size_and_rho_and_falls_back_to_fedavg(caplog):
@@ -254,8 +259,8 @@ def test_the_estimation_round_asks_everyone_and_segd_sends_each_client_its_rho(f
     strategy.rho_sent = {0: 0.25, 1: 0.5, 2: 0.75}  # client 3 was never estimated: rho 1 (D9)
     for message in strategy.configure_train(3, arrays, ConfigRecord(), None):
         pid = strategy.federation.partition_of(message.metadata.dst_node_id)
-        assert read_instruction(message.content, TrainIns).method == METHOD
-        assert read_options(message.content, METHOD, SeGdOptions).rho == {0: 0.25, 1: 0.5, 2: 0.75, 3: 1.0}[pid]
+        assert read_instruction(message.content, TrainIns).plugin == PLUGIN
+        assert read_options(message.content, PLUGIN, SeGdIns).rho == {0: 0.25, 1: 0.5, 2: 0.75, 3: 1.0}[pid]
 
 
 def test_own_upload_measures_each_update_from_the_clients_upload_before_and_static_keeps_cops(flower_identity):
@@ -266,7 +271,7 @@ def test_own_upload_measures_each_update_from_the_clients_upload_before_and_stat
     after_one = strategy.aggregate(uploads)  # round s1 = 1: the uploads are kept for the estimation
     assert sorted(strategy.previous_uploads) == [0, 1]
     messages = list(strategy.configure_train(2, after_one, ConfigRecord(), None))
-    options = [read_options(m.content, METHOD, SeGdOptions) for m in messages]
+    options = [read_options(m.content, PLUGIN, SeGdIns) for m in messages]
     assert len(options) == 4 and all(o.rho == 1.0 and o.keep_cop and o.mask == "static" for o in options)
     trained = replies({0: 2.5, 1: 4.0, 2: 3.0, 3: 3.5}, dict.fromkeys(range(4), 10))
     aggregate = strategy.aggregate(trained)
@@ -275,9 +280,9 @@ def test_own_upload_measures_each_update_from_the_clients_upload_before_and_stat
                                 {"w": aggregate["w"].numpy()}, ["w"], estimator="arithmetic_mean", seed=1,
                                 client_starts={pid: {"w": value.reshape(2, 2)} for pid, value in own.items()})
     assert strategy.estimate.distance == pytest.approx(expected.distance) and strategy.previous_uploads == {}
-    segd = [read_options(m.content, METHOD, SeGdOptions) for m in strategy.configure_train(3, aggregate,
+    sent = [read_options(m.content, PLUGIN, SeGdIns) for m in strategy.configure_train(3, aggregate,
                                                                                           ConfigRecord(), None)]
-    assert segd and all(o.mask == "static" and not o.keep_cop for o in segd)
+    assert sent and all(o.mask == "static" and not o.keep_cop for o in sent)
 
 
 def as_arrays(reply: TrainReply) -> dict[str, np.ndarray]:
@@ -297,15 +302,15 @@ def test_the_oracle_needs_ground_truth_and_is_refused_with_the_config():
 # --- protocol --------------------------------------------------------------------------------------
 
 def test_segd_options_round_trip_through_the_protocol():
-    options = SeGdOptions(rho=0.25, mask_params="all", strict_freeze=True)
-    content = instruction(TrainIns(5, TRAINING, method=METHOD), options=options, method=METHOD)
-    assert read_options(content, METHOD, SeGdOptions) == options
-    assert dict(content[METHOD]) == {"rho": 0.25, "mask-params": "all", "strict-freeze": True, "mask": "dynamic",
+    options = segd(rho=0.25, mask_params="all", strict_freeze=True)
+    content = instruction(TrainIns(5, TRAINING, plugin=PLUGIN), options=options, plugin=PLUGIN)
+    assert read_options(content, PLUGIN, SeGdIns) == options
+    assert dict(content[PLUGIN]) == {"rho": 0.25, "mask-params": "all", "strict-freeze": True, "mask": "dynamic",
                                      "keep-cop": False}
-    bad = RecordDict({METHOD: ConfigRecord({"rho": 1.5, "mask-params": "weights", "strict-freeze": False,
+    bad = RecordDict({PLUGIN: ConfigRecord({"rho": 1.5, "mask-params": "weights", "strict-freeze": False,
                                             "mask": "dynamic", "keep-cop": False})})
     with pytest.raises(ProtocolError, match="key 'rho' is invalid: allowed is a number >= 0.0 and <= 1.0"):
-        read_options(bad, METHOD, SeGdOptions)
+        read_options(bad, PLUGIN, SeGdIns)
 
 
 # --- settings --------------------------------------------------------------------------------------
@@ -338,8 +343,7 @@ def test_bad_settings_are_one_line_naming_the_key(overrides, message):
 def test_a_budget_pays_pretraining_and_estimation_first():
     def total(budget: int) -> int:
         plan = load_run(compose_config([*SMOKE, f"comm_budget={budget}"]))
-        return build_strategy(plan.strategy, plan.environment(parameter_names=("w",)),
-                              np.random.default_rng(0)).planned_rounds()
+        return plan.strategy.build(plan.context(parameter_names=("w",))).planned_rounds()
 
     # smoke: 3 of 10 clients per round; s1 = 3 rounds (9) + the estimation round (10) = 19.
     assert total(19) == 4 and total(37) == 10 and total(39) == 10
@@ -351,8 +355,7 @@ def test_reestimation_rounds_recur_and_cost_every_client():
 
     def total(budget: int) -> int:
         plan = load_run(compose_config([*SMOKE, "strategy.reestimate_every=3", f"comm_budget={budget}"]))
-        return build_strategy(plan.strategy, plan.environment(parameter_names=("w",)),
-                              np.random.default_rng(0)).planned_rounds()
+        return plan.strategy.build(plan.context(parameter_names=("w",))).planned_rounds()
 
     # Rounds 4 (10), 5 and 6 (3 each), 7 (10), 8 (3): 19, 22, 25, 35, 38 participations.
     assert [total(b) for b in (19, 24, 25, 34, 35, 38)] == [4, 5, 6, 6, 7, 8]
@@ -370,12 +373,12 @@ def test_the_client_trains_at_rho_zero_and_returns_weights_and_stats_only(smoke_
                                                                             strict_freeze, weight_decay):
     overrides, _, arrays = smoke_run
     context = node_context(overrides, 3)
-    options = SeGdOptions(rho=0.0, strict_freeze=strict_freeze)
-    content = instruction(TrainIns(1, TRAINING.but(weight_decay=weight_decay), method=METHOD), arrays=arrays,
-                          options=options, method=METHOD)
+    options = segd(rho=0.0, strict_freeze=strict_freeze)
+    content = instruction(TrainIns(1, TRAINING.but(weight_decay=weight_decay), plugin=PLUGIN), arrays=arrays,
+                          options=options, plugin=PLUGIN)
     reply = client_app.train(incoming(content, "train"), context)
     assert set(reply.content.keys()) == {"arrays", "metrics"} and not context.state.array_records
-    steps = read_reply(reply.content, TrainRes, "client 3").steps
+    steps = read_reply(reply.content, TrainStats, "client 3").steps
     before, after = arrays.to_torch_state_dict(), reply.content["arrays"].to_torch_state_dict()
     assert all(not torch.equal(value, after[name]) for name, value in before.items() if value.ndim < 2), \
         "the biases are outside P: they train plainly"
@@ -396,21 +399,21 @@ def test_the_static_mask_trains_only_the_top_of_the_clients_own_estimation_cop(s
     overrides, _, arrays = smoke_run
     context = node_context(overrides, 3)
 
-    def train(options: SeGdOptions, start: ArrayRecord) -> ArrayRecord:
-        content = instruction(TrainIns(1, TRAINING, method=METHOD), arrays=start, options=options, method=METHOD)
+    def train(options: SeGdIns, start: ArrayRecord) -> ArrayRecord:
+        content = instruction(TrainIns(1, TRAINING, plugin=PLUGIN), arrays=start, options=options, plugin=PLUGIN)
         return client_app.train(incoming(content, "train"), context).content["arrays"]
 
     with pytest.raises(RuntimeError, match="client 3 has no CoP from an estimation round"):
-        train(SeGdOptions(rho=0.25, mask="static"), arrays)
-    estimated = train(SeGdOptions(rho=1.0, mask="static", keep_cop=True), arrays)
+        train(segd(rho=0.25, mask="static"), arrays)
+    estimated = train(segd(rho=1.0, mask="static", keep_cop=True), arrays)
     before = {name: value.numpy() for name, value in arrays.items()}
     after = {name: value.numpy() for name, value in estimated.items()}
     names = [name for name, value in before.items() if value.ndim >= 2]
     kept = context.state.array_records["fedes-cop"]["cop"].numpy()
     np.testing.assert_allclose(kept, criticality(flat(after, names), flat(before, names)), rtol=1e-5, atol=1e-12)
     # SeGD at rho 1/4 from the estimated model: only entries among the kept CoP's top quarter move.
-    segd = train(SeGdOptions(rho=0.25, mask="static"), estimated)
-    moved = flat({n: v.numpy() for n, v in segd.items()}, names) != flat(after, names)
+    masked = train(segd(rho=0.25, mask="static"), estimated)
+    moved = flat({n: v.numpy() for n, v in masked.items()}, names) != flat(after, names)
     top = critical_mask(torch.from_numpy(kept), 0.25).numpy()
     assert moved.any() and not (moved & ~top).any()
 
@@ -423,8 +426,8 @@ def test_a_smoke_run_estimates_rho_that_ranks_clean_above_noisy(run_inprocess):
     assert rounds[3]["clients"] == list(range(10))
     block = payload["fedes"]
     assert block["estimated_at"] == 4 and sorted(block["rho"], key=int) == [str(pid) for pid in range(10)]
-    sent = [(message.metadata.dst_node_id, read_options(message.content, METHOD, SeGdOptions).rho)
-            for message in grid.delivered if METHOD in message.content]
+    sent = [(message.metadata.dst_node_id, read_options(message.content, PLUGIN, SeGdIns).rho)
+            for message in grid.delivered if PLUGIN in message.content]
     assert len(sent) == 6 * 3
     assert all(rho == block["rho"][str(grid.node_ids.index(node))] for node, rho in sent)
     # The smoke scene (seed 1) has 5 noisy clients (true noise 0.48-0.85) and 5 clean ones. The

@@ -9,11 +9,12 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+from defaults import local_training
 
-from client.methods.fednoro import per_class_losses
+from client.plugins.fednoro import per_class_losses
 from common.errors import ConfigError
 from protocol.codec import ProtocolError, decode, encode
-from protocol.fednoro import ClassLosses, ClassLossQuery, FedNoRoOptions
+from protocol.fednoro import ClassLossIns, ClassLossRes, FedNoRoIns
 from strategies.fednoro import daagg_weights, kd_weight_at, state_distance
 from strategies.fednoro_detection import normalised_class_losses, voted_noisy_rows
 from task.learners import Batch
@@ -27,14 +28,14 @@ def test_per_class_losses_average_each_class_and_mark_missing_ones():
 
 
 def test_class_losses_travel_as_float_and_count_lists():
-    res = ClassLosses(counts=(2, 0, 2), losses=(2.0, 0.0, 1.25))
+    res = ClassLossRes(counts=(2, 0, 2), losses=(2.0, 0.0, 1.25))
     record = encode(res)
     assert record == {"counts": [2, 0, 2], "losses": [2.0, 0.0, 1.25]}
-    assert decode(ClassLosses, record, "client 1") == res
+    assert decode(ClassLossRes, record, "client 1") == res
     # A whole number in a float vector is fine; a string or a bool is not.
-    assert decode(ClassLosses, {**record, "losses": [2, 0, 1]}, "client 1").losses == (2.0, 0.0, 1.0)
+    assert decode(ClassLossRes, {**record, "losses": [2, 0, 1]}, "client 1").losses == (2.0, 0.0, 1.0)
     with pytest.raises(ProtocolError, match="key 'losses' holds \\['a'\\]: expected a list of numbers"):
-        decode(ClassLosses, {**record, "losses": ["a"]}, "client 1")
+        decode(ClassLossRes, {**record, "losses": ["a"]}, "client 1")
 
 
 def test_missing_classes_count_as_clean_and_columns_are_min_max_normalised():
@@ -148,7 +149,7 @@ def test_an_absent_class_cannot_make_the_distillation_infinite():
 
 def test_options_are_checked():
     with pytest.raises(Exception, match="kd_weight=1.5 is invalid"):
-        FedNoRoOptions(noisy=True, kd_weight=1.5, temperature=0.8, la_tau=1.0)
+        FedNoRoIns(noisy=True, kd_weight=1.5, temperature=0.8, la_tau=1.0, absent_classes="neg_inf")
 
 
 @pytest.mark.parametrize(("overrides", "message"), [
@@ -200,7 +201,6 @@ def test_a_client_keeps_no_state_a_recreated_node_trains_identically(prepared_ru
 
     from client import app as client_app
     from protocol.messages import TrainIns, instruction, read_arrays, read_reply
-    from task.local_training import LocalTraining
 
     overrides, scene, arrays = prepared_run("experiment=smoke strategy=fednoro")
 
@@ -209,9 +209,9 @@ def test_a_client_keeps_no_state_a_recreated_node_trains_identically(prepared_ru
                        run_config={"overrides": overrides})
 
     def train(ctx: Context, server_round: int):
-        options = FedNoRoOptions(noisy=True, kd_weight=0.4, temperature=0.8, la_tau=1.0)
-        content = instruction(TrainIns(server_round, LocalTraining(lr=0.05, epochs=1, batch_size=16),
-                                       method="fednoro"), arrays=arrays, options=options, method="fednoro")
+        options = FedNoRoIns(noisy=True, kd_weight=0.4, temperature=0.8, la_tau=1.0, absent_classes="neg_inf")
+        content = instruction(TrainIns(server_round, local_training(lr=0.05, epochs=1, batch_size=16),
+                                       plugin="fednoro"), arrays=arrays, options=options, plugin="fednoro")
         return read_arrays(client_app.train(incoming(content, "train"), ctx).content, "client 3").to_torch_state_dict()
 
     used = context()
@@ -219,9 +219,9 @@ def test_a_client_keeps_no_state_a_recreated_node_trains_identically(prepared_ru
     again, fresh = train(used, 2), train(context(), 2)
     assert all(torch.equal(again[key], fresh[key]) for key in again)
     assert len(used.state.array_records) == 0, "nothing is kept between rounds"
-    def query(transform: str, server_round: int = 4) -> ClassLosses:
-        content = instruction(ClassLossQuery(transform, server_round), arrays=arrays)
-        return read_reply(client_app.app(incoming(content, "query.class_loss"), context()).content, ClassLosses,
+    def query(transform: str, server_round: int = 4) -> ClassLossRes:
+        content = instruction(ClassLossIns(transform, server_round), arrays=arrays)
+        return read_reply(client_app.app(incoming(content, "query.class_loss"), context()).content, ClassLossRes,
                           "client 3")
 
     losses = query("eval")
@@ -241,11 +241,11 @@ def test_the_detection_query_can_score_one_seeded_draw_of_the_training_augmentat
     overrides, _, arrays = prepared_run("experiment=smoke strategy=fednoro +dataset.transforms.train.crop=8 "
                                         "+dataset.transforms.train.pad=1")
 
-    def query(transform: str, server_round: int = 4) -> ClassLosses:
+    def query(transform: str, server_round: int = 4) -> ClassLossRes:
         context = Context(run_id=1, node_id=77, node_config={"partition-id": 3}, state=RecordDict(),
                           run_config={"overrides": overrides})
-        content = instruction(ClassLossQuery(transform, server_round), arrays=arrays)
-        return read_reply(client_app.app(incoming(content, "query.class_loss"), context).content, ClassLosses,
+        content = instruction(ClassLossIns(transform, server_round), arrays=arrays)
+        return read_reply(client_app.app(incoming(content, "query.class_loss"), context).content, ClassLossRes,
                           "client 3")
 
     plain, augmented = query("eval"), query("train")

@@ -7,6 +7,7 @@ import math
 
 import pytest
 import torch
+from defaults import coteaching_settings, local_training, lsr_settings, sce_settings
 from torch import nn
 
 from common.errors import ConfigError
@@ -16,12 +17,10 @@ from protocol.messages import CONFIG, TRAIN
 from server.config import load_run
 from settings.compose import compose_config
 from task.evaluation import evaluate, evaluate_by_class
-from task.learner_options import CoteachingOptions, LsrOptions, SceOptions
 from task.learners import Batch
 from task.learners.coteaching import Coteaching, kept_count
 from task.learners.lsr import classification_loss, distillation, lsr_loss, sharpen, tempered
 from task.learners.sce import reverse_cross_entropy, symmetric_cross_entropy
-from task.local_training import LocalTraining
 
 SMOKE = "experiment=smoke"
 
@@ -70,7 +69,7 @@ def test_lsr_objective_adds_the_weighted_distillation_and_reports_the_classifica
     o1 = torch.tensor([[2.0, 0.0, -1.0]])
     o2 = torch.tensor([[0.0, 1.0, 0.0]])
     labels = torch.tensor([1])
-    options = LsrOptions()
+    options = lsr_settings()
     lam = 0.25
     mixed = lam * torch.softmax(o1, 1) + (1 - lam) * torch.softmax(o2, 1)
     cls = -math.log(sharpen(mixed, 0.5)[0, 1].item())
@@ -81,14 +80,14 @@ def test_lsr_objective_adds_the_weighted_distillation_and_reports_the_classifica
     assert lsr_loss(o1, o2, labels, lam, 0.0, options).objective.item() == pytest.approx(cls, rel=1e-5)
     # LSR+: the mean entropy of the two views' predictions, weighted by lambda_e.
     entropy = sum(-(p * p.log()).sum().item() for p in (torch.softmax(o1, 1), torch.softmax(o2, 1))) / 2
-    plus = lsr_loss(o1, o2, labels, lam, 0.0, LsrOptions(entropy_weight=0.5))
+    plus = lsr_loss(o1, o2, labels, lam, 0.0, lsr_settings(entropy_weight=0.5))
     assert plus.objective.item() == pytest.approx(cls + 0.5 * entropy, rel=1e-5)
 
 
 def test_gamma_rises_linearly_over_the_warm_up_then_stays():
-    options = LsrOptions(gamma=0.6, warmup_rounds=20)
+    options = lsr_settings(gamma=0.6, warmup_rounds=20)
     assert [options.weight_at(t) for t in (0, 10, 19, 20, 50)] == pytest.approx([0.0, 0.3, 0.57, 0.6, 0.6])
-    assert LsrOptions(gamma=0.6, warmup_rounds=0).weight_at(0) == 0.6
+    assert lsr_settings(gamma=0.6, warmup_rounds=0).weight_at(0) == 0.6
 
 
 # --- SCE and Co-teaching ---------------------------------------------------------------------------
@@ -98,14 +97,14 @@ def test_reverse_cross_entropy_clamps_log_zero_at_the_label_floor():
     labels = torch.tensor([0])
     # RCE = -sum_c p_c log q_c = -log(1e-4) * (1 - p_y).
     assert reverse_cross_entropy(logits, labels, 1e-4).item() == pytest.approx(-math.log(1e-4) * 0.3, rel=1e-5)
-    options = SceOptions(alpha=0.1, beta=1.0)
+    options = sce_settings(alpha=0.1, beta=1.0)
     expected = 0.1 * -math.log(0.7) + 1.0 * -math.log(1e-4) * 0.3
     assert symmetric_cross_entropy(logits, labels, options).item() == pytest.approx(expected, rel=1e-5)
 
 
 def test_coteaching_keeps_the_small_loss_share_and_ramps_its_forget_rate():
     assert [kept_count(10, rate) for rate in (0.0, 0.25, 0.5, 0.99)] == [10, 7, 5, 1]
-    options = CoteachingOptions(forget_rate=0.4, ramp_rounds=10)
+    options = coteaching_settings(forget_rate=0.4, ramp_rounds=10)
     assert [options.forget_at(t) for t in (0, 5, 10, 30)] == pytest.approx([0.0, 0.2, 0.4, 0.4])
 
 
@@ -212,10 +211,10 @@ def test_bad_learner_settings_are_one_clear_error(overrides, message):
 
 def test_the_fedlsr_preset_is_the_papers_protocol():
     plan = load_run(compose_config(["experiment=fedlsr_fmnist", "strategy=fedlsr"]))
-    rounds = plan.strategy.settings.rounds
+    rounds = plan.strategy.settings
     assert (plan.settings.num_clients, plan.settings.model.name) == (100, "cnn9")
     assert (rounds.num_rounds, rounds.fraction) == (100, 0.05)
-    assert rounds.train == LocalTraining(lr=0.15, momentum=0.9, weight_decay=1e-4, epochs=5, batch_size=60,
+    assert rounds.train == local_training(lr=0.15, momentum=0.9, weight_decay=1e-4, epochs=5, batch_size=60,
                                          learner="lsr", lsr=rounds.train.lsr)
     assert (rounds.train.lsr.warmup_rounds, rounds.train.lsr.distill) == (20, "js")
 

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import pytest
+from defaults import local_training
 from flwr.app import Array, ArrayRecord, ConfigRecord, MetricRecord, RecordDict
 
 from protocol.codec import ProtocolError, decode, encode, keys_of, record_key
@@ -13,7 +14,7 @@ from protocol.fedcorr import CorrectIns, CorrectRes, Diagnostics
 from protocol.messages import (
     NodeInfo,
     TrainIns,
-    TrainRes,
+    TrainStats,
     instruction,
     read_arrays,
     read_instruction,
@@ -21,24 +22,23 @@ from protocol.messages import (
     read_reply,
     reply,
 )
-from task.local_training import LocalTraining
 
 
 def test_one_naming_style_for_every_key():
     assert record_key("num_examples") == "num-examples"
-    keys = keys_of(TrainIns) + keys_of(TrainRes) + keys_of(CorrectIns) + keys_of(CorrectRes) + keys_of(NodeInfo)
+    keys = keys_of(TrainIns) + keys_of(TrainStats) + keys_of(CorrectIns) + keys_of(CorrectRes) + keys_of(NodeInfo)
     assert all(key == key.lower() and "_" not in key and " " not in key for key in keys)
     assert keys_of(TrainIns)[:11] == ["server-round", "lr", "optimizer", "momentum", "weight-decay", "epochs",
                                       "batch-size", "learner", "mixup-alpha", "prox-weight", "prox-norm"]
     # Each learner's options under its own name, so two learners may share an option name.
     assert "lsr.gamma" in keys_of(TrainIns) and "sce.alpha" in keys_of(TrainIns)
-    assert keys_of(TrainIns)[-3:] == ["method", "schedule.distill-weight", "schedule.forget-rate"]
+    assert keys_of(TrainIns)[-3:] == ["plugin", "schedule.distill-weight", "schedule.forget-rate"]
 
 
 def test_instructions_and_replies_round_trip_through_flower_records():
-    ins = TrainIns(7, LocalTraining(lr=0.02, mixup_alpha=1.0, prox_weight=2.5, prox_norm="l2"), method="fedcorr")
+    ins = TrainIns(7, local_training(lr=0.02, mixup_alpha=1.0, prox_weight=2.5, prox_norm="l2"), plugin="fedcorr")
     arrays = ArrayRecord({"w": Array(np.arange(3, dtype=np.float32))})
-    content = instruction(ins, arrays=arrays, options=NodeInfo(1, 2), method="fedcorr")
+    content = instruction(ins, arrays=arrays, options=NodeInfo(1, 2), plugin="fedcorr")
     assert isinstance(content["config"], ConfigRecord) and isinstance(content["fedcorr"], ConfigRecord)
     assert read_instruction(content, TrainIns) == ins
     assert read_options(content, "fedcorr", NodeInfo) == NodeInfo(1, 2)
@@ -70,11 +70,11 @@ def test_a_bad_record_names_the_sender_and_the_key(change, message):
 
 
 def test_a_value_the_payload_refuses_is_named_by_its_record_key():
-    record = encode(CorrectIns(mode="stage1", pi=0.5, theta=0.5))
+    record = encode(CorrectIns(mode="stage1", pi=0.5, theta=0.5, split_losses="local", rank_losses="global"))
     with pytest.raises(ProtocolError, match=r"the server sent a bad message: key 'pi' is invalid: allowed is a number"):
         decode(CorrectIns, {**record, "pi": 1.5}, "the server")
     with pytest.raises(ProtocolError, match=r"key 'lr' is invalid: allowed is a finite number > 0"):
-        decode(TrainIns, {**encode(TrainIns(1, LocalTraining(lr=0.1))), "lr": float("nan")}, "the server")
+        decode(TrainIns, {**encode(TrainIns(1, local_training(lr=0.1))), "lr": float("nan")}, "the server")
 
 
 def test_a_missing_or_mistyped_record_is_named():

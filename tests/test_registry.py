@@ -1,25 +1,69 @@
-"""Strategies and client plug-ins are found by name; each strategy has its config file."""
+"""Strategies and client plug-ins are found by discovery, not by a list: each is one class in a file
+named after it, with its conf file, and every plug-in's queries reach Flower."""
 
 from __future__ import annotations
 
+import importlib
+import inspect
+from pathlib import Path
+
+import pytest
+from defaults import composed
+
 from client.app import app as client_app
-from client.plugins import PLAIN, client_method, client_methods
+from client.plugins.base import ClientPlugin
+from client.plugins.registry import PLAIN, plugin, plugins
+from common.validation import from_mapping
 from settings.compose import group_options
-from strategies.registry import entries, names, round_method
+from strategies.base import FederatedStrategy
+from strategies.fedavg import FedAvg
+from strategies.fedcorr import FedCorrSettings, stage3_classes
+from strategies.registry import names, strategy_class, strategy_classes
 
 
-def test_every_strategy_module_registers_under_its_config_name():
-    assert names() == ("fedavg", "fedcorr", "feddiv", "feddyn", "fedes", "fedlsr", "fedmedian", "fednoro", "fedprox",
-                       "poc")
-    assert set(names()) == set(group_options("strategy")), "one conf/strategy/<name>.yaml per registered strategy"
-    # Strategies with stages of their own are not offered as FedCorr's stage 3.
-    staged = [name for name, entry in entries().items() if entry.round_method is None]
-    assert staged == ["fedcorr", "feddiv", "fedes", "fednoro"]
-    assert round_method("feddyn", "strategy.stage3").options.__name__ == "FedDynSettings"
+def test_every_strategy_is_one_class_in_the_file_named_after_it_with_its_conf_file():
+    assert names() and set(names()) == set(group_options("strategy")), \
+        "one conf/strategy/<name>.yaml per registered strategy"
+    for name, cls in strategy_classes().items():
+        assert cls.__module__ == f"strategies.{name}"
+        assert issubclass(cls, FederatedStrategy) and cls.name == name
+    # A module's own strategy classes are all registered (none is shadowed by another name).
+    for path in (Path(__file__).parents[1] / "strategies").glob("*.py"):
+        module = importlib.import_module(f"strategies.{path.stem}")
+        own = [cls for _, cls in inspect.getmembers(module, inspect.isclass)
+               if issubclass(cls, FederatedStrategy) and cls.__module__ == module.__name__ and "name" in vars(cls)]
+        assert [cls.name for cls in own] in ([], [path.stem])
+
+
+def test_an_unknown_strategy_is_refused_listing_the_known_ones():
+    with pytest.raises(ValueError, match=r"^strategy='fedmagic' is invalid: allowed are " + ", ".join(names())):
+        strategy_class("fedmagic")
+
+
+@pytest.mark.parametrize("name", list(stage3_classes()))
+def test_every_round_based_strategy_can_be_fedcorrs_stage_3_with_the_conf_defaults(name: str):
+    cls = stage3_classes()[name]
+    assert issubclass(cls, FedAvg) and cls.stage3
+    config = composed("strategy=fedcorr", f"strategy.stage3={name}")["strategy"]
+    block = {k: v for k, v in config.items() if k != "name"}
+    settings = from_mapping(FedCorrSettings, block, "strategy")
+    assert type(settings.stage3_settings()) is cls.settings_type()
+
+
+def test_strategies_with_stages_of_their_own_are_not_offered_as_stage_3():
+    staged = {name for name, cls in strategy_classes().items() if not (issubclass(cls, FedAvg) and cls.stage3)}
+    assert "fedcorr" in staged and staged.isdisjoint(stage3_classes())
 
 
 def test_client_plugins_are_found_and_their_queries_registered_with_flower():
-    assert list(client_methods()) == ["", "fedcorr", "feddiv", "feddyn", "fedes", "fednoro"]
-    assert client_method("") is PLAIN
-    assert set(client_app._registered_funcs) == {
-        "query.info", "query.loss", "query.correct", "query.class_loss", "train.default", "evaluate.default"}
+    found = plugins()
+    assert found[""] is PLAIN and plugin("") is PLAIN
+    for name, instance in found.items():
+        assert isinstance(instance, ClientPlugin) and instance.name == name
+        if name:  # a plug-in's messages live in its protocol module
+            assert importlib.import_module(f"protocol.{name}").PLUGIN == name
+    queries = {f"query.{action}" for instance in found.values() for action in instance.queries()}
+    assert set(client_app._registered_funcs) == {"query.info", "query.loss", "train.default", "evaluate.default",
+                                                 *queries}
+    with pytest.raises(ValueError, match="client plug-in 'fedmagic'; this node knows ''"):
+        plugin("fedmagic")

@@ -157,7 +157,7 @@ def test_bad_input_fails_before_writing_anything(tmp_path, override, message):
 def test_clothing1m_refuses_synthetic_noise():
     with pytest.raises(ConfigError, match="use noise=none"):
         run_settings(compose_config(["dataset=clothing1m"]))
-    source = DatasetSource("clothing1m", num_classes=14)
+    source = DatasetSource("clothing1m", num_classes=14, root=None, download=False, cache_dir=None)
     with pytest.raises(ConfigError, match="use noise=none"):
         SceneSpec.build(source, 10, 1, {"name": "iid"}, {"name": "symmetric", "eps": 0.2})
 

@@ -61,7 +61,8 @@ def test_every_bad_value_is_named_by_its_config_key(override, message):
 ])
 def test_ray_resources_that_cannot_fit_are_refused_before_ray_could_start(values, message):
     with pytest.raises(ConfigError, match=message):
-        SimulationSettings(**values)
+        SimulationSettings(**{"num_cpus_per_client": 1.0, "num_gpus_per_client": 0.0, "ray_init_args": {},
+                              "verbose": False, **values})
 
 
 def test_the_strategy_block_is_checked_by_the_server_side_only():

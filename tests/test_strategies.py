@@ -4,9 +4,10 @@ reply passes (failure policy and protocol) before it is aggregated."""
 import numpy as np
 import pytest
 import torch
+from defaults import context, local_training, strategy_settings
 from flwr.app import Array, ArrayRecord, ConfigRecord, Error, Message, Metadata, MetricRecord, RecordDict
 
-from protocol.messages import CONFIG, TrainIns, TrainRes, read_instruction, reply
+from protocol.messages import CONFIG, TrainIns, TrainStats, read_instruction, reply
 from server.config import load_run
 from server.discovery import discover
 from settings.compose import compose_config
@@ -14,17 +15,15 @@ from strategies.aggregation import weighted_average
 from strategies.base import ClientFailure
 from strategies.fedavg import FedAvg
 from strategies.federation import Federation
-from strategies.registry import build_strategy
 from strategies.replies import answering_node, short_reason
 from strategies.sampling import round_size, sample_clients
-from task.local_training import LocalTraining
 
 pytestmark = pytest.mark.usefixtures("flower_identity")
 
 
 # Flower node ids are random 64-bit numbers; partitions are 0..N-1.
 NODES = {0: 9_001, 1: 4_242, 2: 77, 3: 123_456}
-TRAINING = LocalTraining(lr=0.1)
+TRAINING = local_training(lr=0.1)
 MODEL = ArrayRecord({"w": Array(np.zeros(2, np.float32)), "bn.num_batches_tracked": Array(np.array(0))})
 
 
@@ -42,12 +41,12 @@ def reply_from(pid: int, content: RecordDict | None = None, error: str | None = 
 
 def train_reply(pid: int, weight: np.ndarray, batches: int, n: int, loss: float) -> Message:
     arrays = ArrayRecord({"w": Array(weight.astype(np.float32)), "bn.num_batches_tracked": Array(np.array(batches))})
-    return reply_from(pid, reply(TrainRes(num_examples=n, train_loss=loss, steps=1), arrays=arrays))
+    return reply_from(pid, reply(TrainStats(num_examples=n, train_loss=loss, steps=1), arrays=arrays))
 
 
 def fedavg(skip_failed: bool = False, fraction: float = 0.5) -> FedAvg:
-    strategy = FedAvg(num_rounds=3, fraction=fraction, train=TRAINING, rng=np.random.default_rng(0),
-                      skip_failed=skip_failed)
+    strategy = FedAvg(strategy_settings("fedavg", num_rounds=3, fraction=fraction, train=TRAINING),
+                      context(skip_failed=skip_failed))
     strategy.bind(federation())
     strategy.global_arrays = MODEL
     return strategy
@@ -81,7 +80,7 @@ def test_fedavg_aggregation_matches_a_torch_model_average():
     strategy = fedavg()
     strategy.global_arrays = ArrayRecord(models[0].state_dict())
     strategy.messages({pid: RecordDict() for pid in [0, 1]}, "train")
-    replies = [reply_from(pid, reply(TrainRes(n, 0.0, 1), arrays=ArrayRecord(m.state_dict())))
+    replies = [reply_from(pid, reply(TrainStats(n, 0.0, 1), arrays=ArrayRecord(m.state_dict())))
                for pid, m, n in zip([0, 1], models, sizes)]
     arrays, _ = strategy.aggregate_train(1, replies)
     merged = arrays.to_torch_state_dict()
@@ -148,10 +147,10 @@ def test_a_malformed_reply_names_the_client_and_the_key_before_aggregation():
     with pytest.raises(ClientFailure,
                        match=r"client 3 .* key 'train-loss' holds \[1.0, 2.0\] of type list: expected float"):
         strategy.aggregate_train(1, [good, wrong_type])
-    no_arrays = reply_from(3, reply(TrainRes(5, 0.1, 1)))
+    no_arrays = reply_from(3, reply(TrainStats(5, 0.1, 1)))
     with pytest.raises(ClientFailure, match="client 3 sent a bad message: key 'arrays' is missing"):
         strategy.aggregate_train(1, [good, no_arrays])
-    other_model = reply_from(3, reply(TrainRes(5, 0.1, 1), arrays=ArrayRecord({"v": Array(np.zeros(2, np.float32))})))
+    other_model = reply_from(3, reply(TrainStats(5, 0.1, 1), arrays=ArrayRecord({"v": Array(np.zeros(2, np.float32))})))
     with pytest.raises(ClientFailure,
                        match=r"client 3 .* key 'arrays' do not match the model: missing \['bn.num_batches"):
         strategy.aggregate_train(1, [good, other_model])
@@ -205,7 +204,7 @@ def test_the_result_holds_the_final_arrays_and_every_rounds_metrics(local_grid, 
                                         "strategy.train.epochs=1")
     plan = load_run(compose_config(overrides.split()))
     grid = local_grid(overrides, 10)
-    strategy = build_strategy(plan.strategy, plan.environment(), np.random.default_rng(0))
+    strategy = plan.strategy.build(plan.context())
     strategy.bind(discover(grid, 10, wait_timeout=1, reply_timeout=1))
     seen = []
     strategy.observe(lambda info, new: seen.append(info)

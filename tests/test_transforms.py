@@ -10,7 +10,7 @@ import torch
 import torchvision.transforms.v2.functional as TF
 
 from common.errors import ConfigError, InvalidValue
-from common.validation import settings_from_mapping
+from common.validation import from_mapping
 from data.transforms import BatchTransform, TransformPair, TransformSpec
 
 CIFAR_TRAIN = TransformSpec(crop=32, pad=4, flip=True)
@@ -162,7 +162,7 @@ def test_resize_train_crop_is_a_window_of_the_resized_image() -> None:
 def _from_config(cfg: dict, train: bool) -> BatchTransform:
     """A transform from a ``dataset.transforms`` block, built the way the run's settings build it."""
     part = "train" if train else "eval"
-    spec = settings_from_mapping(TransformSpec, cfg, f"dataset.transforms.{part}")
+    spec = from_mapping(TransformSpec, cfg, f"dataset.transforms.{part}")
     return BatchTransform(spec, MEAN3, STD3, train=train)
 
 

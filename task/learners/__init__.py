@@ -1,14 +1,14 @@
 """Local learners: the client's objective on one batch, one learner per module, found by name.
 
 Every round-based strategy trains with the learner its ``train.learner`` names; FedCorr's stage 1 uses
-``mixup``. The options are torch-free in ``task.learner_options``.
+``mixup``. The options are torch-free in ``task.learner_settings``.
 """
 
 from __future__ import annotations
 
 import torch
 
-from task.learner_options import LearnerSchedule
+from task.learner_settings import LearnerSchedule
 from task.learners.base import Batch, BatchLoss, Learner
 from task.learners.ce import CrossEntropy
 from task.learners.coteaching import Coteaching

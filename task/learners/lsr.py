@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from data.second_view import second_view
-from task.learner_options import LsrOptions
+from task.learner_settings import LsrSettings
 from task.learners.base import Batch, BatchLoss
 from task.learners.mixup import beta_stream
 
@@ -62,7 +62,7 @@ def entropy(p: torch.Tensor) -> torch.Tensor:
 
 
 def lsr_loss(o1: torch.Tensor, o2: torch.Tensor, labels: torch.Tensor, lam: float, weight: float,
-             options: LsrOptions) -> BatchLoss:
+             options: LsrSettings) -> BatchLoss:
     """The LSR objective of the two views' logits ``o1``, ``o2`` with mixing weight ``lam`` and
     distillation weight ``weight`` (gamma_t); reports Loss_cls."""
     mixed = lam * torch.softmax(o1, dim=1) + (1 - lam) * torch.softmax(o2, dim=1)
@@ -84,7 +84,7 @@ def lsr_loss(o1: torch.Tensor, o2: torch.Tensor, labels: torch.Tensor, lam: floa
 class LocalSelfRegularisation:
     """The LSR learner with ``options`` at this round's distillation ``weight`` (gamma_t)."""
 
-    def __init__(self, options: LsrOptions, weight: float, generator: torch.Generator) -> None:
+    def __init__(self, options: LsrSettings, weight: float, generator: torch.Generator) -> None:
         self.options = options
         self.weight = weight
         self._rng = beta_stream(generator)

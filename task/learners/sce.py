@@ -6,7 +6,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from task.learner_options import SceOptions
+from task.learner_settings import SceSettings
 from task.learners.base import Batch, BatchLoss
 
 # The prediction is kept away from 0 before its log-free use, as in Wang et al.'s formulation.
@@ -21,7 +21,7 @@ def reverse_cross_entropy(logits: torch.Tensor, labels: torch.Tensor, label_floo
     return -(p * q.log()).sum(dim=1)
 
 
-def symmetric_cross_entropy(logits: torch.Tensor, labels: torch.Tensor, options: SceOptions) -> torch.Tensor:
+def symmetric_cross_entropy(logits: torch.Tensor, labels: torch.Tensor, options: SceSettings) -> torch.Tensor:
     """Alpha CE + beta RCE, averaged over the batch."""
     ce = F.cross_entropy(logits, labels)
     rce = reverse_cross_entropy(logits, labels, options.label_floor).mean()
@@ -31,7 +31,7 @@ def symmetric_cross_entropy(logits: torch.Tensor, labels: torch.Tensor, options:
 class SymmetricCrossEntropy:
     """The SCE learner with ``options``."""
 
-    def __init__(self, options: SceOptions) -> None:
+    def __init__(self, options: SceSettings) -> None:
         self.options = options
 
     def __call__(self, model: nn.Module, batch: Batch) -> BatchLoss:

@@ -12,7 +12,7 @@ Warm-up: mixup training (+ eta L_reg) on every sample. Main phase, each round:
 5. the local prior p_hat moves toward the trained model's mean prediction (client state);
 6. the local filter: EM from the global filter on the trained model's normalised losses.
 Relabels are not kept: each round starts again from the given labels. The released code's choices
-are switches (``protocol.feddiv.FedDivParams``, docs/feddiv.md). Client state, kept with the node's
+are switches (``protocol.feddiv.FedDivClientSettings``, docs/feddiv.md). Client state, kept with the node's
 other state (on disk with a ``state-dir``): p_hat (C floats), the main-phase participation count and,
 with ``pcs_mode=cached``, the de-biased labels of the previous participation. What leaves the client
 beyond weights: the local filter (6 floats), delta_hat and two counts; ground-truth counts in
@@ -25,21 +25,24 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
-from flwr.app import Array, ArrayRecord, Context
+from flwr.app import Array, ArrayRecord, Context, RecordDict
 
 from client.label_state import current_labels
 from client.node import LocalNode
-from client.plugins import ClientMethod, Trained
+from client.plugins.base import ClientPlugin, Trained
 from client.state_store import load_record, save_record
 from client.truth_counts import split_counts
 from client.update import local_update
 from common.seeding import rng_for
-from protocol.feddiv import METHOD as NAME
-from protocol.feddiv import Diagnostics, FedDivOptions, FedDivParams, FedDivReport
-from protocol.messages import TrainIns
+from protocol.feddiv import PLUGIN, Diagnostics, FedDivClientSettings, FedDivIns, FedDivRes
+from protocol.messages import SERVER, TrainIns, read_arrays
 from task.consistency import consistent, debiased_labels, updated_prior
 from task.evaluation import augmented_logits, per_sample_losses, predict_logits
+from task.hooks import TrainingHooks
+from task.learner_settings import LearnerSchedule
+from task.learners import Learner
 from task.learners.uniform_prior import MixupUniformPrior
+from task.local_training import LocalTraining
 from task.noise_filter import FIXED_FILTER, NoiseFilter, clean_posterior, fit_filter, min_max, random_filter
 
 STATE_KEY = "feddiv-state"
@@ -84,7 +87,7 @@ def store_state(context: Context, node: LocalNode, state: ClientState) -> None:
     save_record(context, STATE_KEY, node.partition_id, ArrayRecord(arrays))
 
 
-def _mixture_seed(options: FedDivOptions, node: LocalNode | None, server_round: int, purpose: str) -> int:
+def _mixture_seed(options: FedDivIns, node: LocalNode | None, server_round: int, purpose: str) -> int:
     # The code's random start is one filter for every client: its seed names no client.
     client = "" if node is None else f"/{node.partition_id}"
     return int(rng_for(options.seed, f"feddiv-{purpose}/{server_round}{client}").integers(2**31))
@@ -103,7 +106,7 @@ def filter_losses(logits: torch.Tensor, labels: np.ndarray, kind: str) -> np.nda
 
 
 def _scored_losses(model: torch.nn.Module, logits: torch.Tensor, node: LocalNode, labels: np.ndarray,
-                   params: FedDivParams, server_round: int, purpose: str) -> np.ndarray:
+                   params: FedDivClientSettings, server_round: int, purpose: str) -> np.ndarray:
     """The filter's losses of ``model`` (whose evaluation logits are ``logits``)."""
     if params.filter_transform == "train":
         logits = augmented_logits(model, node.data.images, node.train_transform,
@@ -111,7 +114,7 @@ def _scored_losses(model: torch.nn.Module, logits: torch.Tensor, node: LocalNode
     return filter_losses(logits, labels, params.filter_loss)
 
 
-def _splitting_filter(options: FedDivOptions, node: LocalNode, server_round: int,
+def _splitting_filter(options: FedDivIns, node: LocalNode, server_round: int,
                       normalised: np.ndarray) -> NoiseFilter:
     """The filter this round's split uses: the global one, or a stand-in (``filter_init``, or every
     round under ``filter_scope=local``)."""
@@ -137,7 +140,7 @@ class Selection:
     sampler: bool
 
 
-def select(params: FedDivParams, labels: np.ndarray, clean: np.ndarray, probabilities: np.ndarray,
+def select(params: FedDivClientSettings, labels: np.ndarray, clean: np.ndarray, probabilities: np.ndarray,
            participations: int) -> Selection:
     """Eq. 11's candidates: all samples for a clean client (delta_hat below ``clean_client``); else
     the clean ones plus the noisy ones the global model is confident about (>= zeta), relabelled with
@@ -157,68 +160,104 @@ def select(params: FedDivParams, labels: np.ndarray, clean: np.ndarray, probabil
     return Selection(train_labels, relabeled, np.flatnonzero(clean | relabeled), sampler=params.pcs)
 
 
-def feddiv_train(node: LocalNode, context: Context, arrays: ArrayRecord, ins: TrainIns,
-                 options: FedDivOptions) -> Trained:
-    """A warm-up or main-phase round of FedDiv's local work (see the module's docstring)."""
-    state = arrays.to_torch_state_dict()
-    labels = current_labels(context, node)
-    params = options.params
-    warmup = options.phase == "warmup"
-    alpha = 0.0 if warmup and params.warmup_loss == "ce" else params.mixup_alpha
+@dataclass
+class ConsistencySampler:
+    """The main phase's rows: before every local epoch, the candidates whose global prediction equals
+    the local model's de-biased one (``task.consistency``); ``trained`` holds the last epoch's rows."""
 
-    def learner(model: torch.nn.Module, generator: torch.Generator) -> MixupUniformPrior:
-        return MixupUniformPrior(alpha, options.eta, generator, extra_forward=params.bn_extra_pass)
+    selection: Selection
+    params: FedDivClientSettings
+    kept: ClientState
+    global_logits: torch.Tensor
+    global_labels: np.ndarray
+    node: LocalNode
 
-    if warmup:
-        model, stats = local_update(node, state, ins.training, ins.server_round, labels=labels, learner=learner)
-        return Trained(model, stats)
+    def __post_init__(self) -> None:
+        self.trained = self.selection.candidates
 
-    server_round = ins.server_round
-    global_model = node.model_for_state(state.keys())
-    global_model.load_state_dict(state)
-    global_logits = _logits(global_model, node)
-    probabilities = torch.softmax(global_logits, dim=1).numpy()
-    global_labels = probabilities.argmax(axis=1)
-    normalised = _scored_losses(global_model, global_logits, node, labels, params, server_round, "global")
-    start = _splitting_filter(options, node, server_round, normalised)
-    clean = clean_posterior(normalised, start) >= 0.5
-    kept = load_state(context, node)
-    chosen = select(params, labels, clean, probabilities, kept.participations)
-    trained_rows = [chosen.candidates]
-
-    def epoch_rows(epoch: int, model: torch.nn.Module) -> torch.Tensor:
-        rows = chosen.candidates
-        if chosen.sampler:
+    def rows(self, epoch: int, model: torch.nn.Module) -> torch.Tensor:
+        """The rows epoch ``epoch`` trains on, chosen with the model being trained."""
+        rows, params, kept = self.selection.candidates, self.params, self.kept
+        if self.selection.sampler:
             if params.pcs_mode == "cached" and kept.debiased is not None:
                 local = kept.debiased
             else:
                 # The first epoch's local model is still the global one, whose logits are known; the
                 # cached sampler without labels from an earlier participation uses them too.
                 fresh = epoch == 0 or params.pcs_mode == "cached"
-                local = debiased_labels(global_logits if fresh else _logits(model, node), kept.prior, params.xi)
-            rows = consistent(rows, global_labels, local)
-        trained_rows[0] = rows
+                local = debiased_labels(self.global_logits if fresh else _logits(model, self.node), kept.prior,
+                                        params.xi)
+            rows = consistent(rows, self.global_labels, local)
+        self.trained = rows
         return torch.from_numpy(rows)
 
-    model, stats = local_update(node, state, ins.training, server_round, labels=chosen.train_labels,
-                                learner=learner, epoch_rows=epoch_rows)
-    local_logits = _logits(model, node)
-    store_state(context, node, ClientState(
-        prior=updated_prior(kept.prior, local_logits, params.momentum, params.xi, params.prior_confidence),
-        participations=kept.participations + 1,
-        # The code caches labels de-biased with the prior before this round's update.
-        debiased=debiased_labels(local_logits, kept.prior, params.xi) if params.pcs_mode == "cached" else None))
-    local_filter = fit_filter(_scored_losses(model, local_logits, node, labels, params, server_round, "local"),
-                              _mixture_seed(options, node, server_round, "filter"), start=start,
-                              max_iterations=params.em_iters)
-    counts = None
-    if options.diagnostics and (node.data.true_labels >= 0).any():
-        counts = diagnostics(node.data.true_labels, labels, clean, chosen.relabeled, chosen.train_labels,
-                             trained_rows[0], node.dataset.num_classes)
-    report = FedDivReport(filter=local_filter, noise_estimate=float(1.0 - clean.mean()),
-                          relabeled=int(chosen.relabeled.sum()), trained=int(len(trained_rows[0])),
-                          diagnostics=counts)
-    return Trained(model, stats, report)
+
+class FedDivHooks(TrainingHooks):
+    """FedDiv's objective, mixup + eta L_reg (plain cross-entropy + L_reg in a ``ce`` warm-up), on every
+    row, or on the rows of a ``ConsistencySampler``."""
+
+    def __init__(self, training: LocalTraining, schedule: LearnerSchedule, ins: FedDivIns,
+                 sampler: ConsistencySampler | None = None) -> None:
+        super().__init__(training, schedule)
+        self.ins, self.sampler = ins, sampler
+
+    def learner(self, model: torch.nn.Module, generator: torch.Generator) -> Learner:
+        """Mixup with the uniform-prior regulariser."""
+        params = self.ins.params
+        alpha = 0.0 if self.ins.phase == "warmup" and params.warmup_loss == "ce" else params.mixup_alpha
+        return MixupUniformPrior(alpha, self.ins.eta, generator, extra_forward=params.bn_extra_pass)
+
+    def epoch_rows(self, epoch: int, model: torch.nn.Module) -> torch.Tensor | None:
+        """The sampler's rows (None in the warm-up: every row)."""
+        return None if self.sampler is None else self.sampler.rows(epoch, model)
+
+
+class FedDivPlugin(ClientPlugin):
+    """A warm-up or main-phase round of FedDiv's local work (see the module's docstring)."""
+
+    name = PLUGIN
+
+    def train(self, node: LocalNode, context: Context, ins: TrainIns, content: RecordDict) -> Trained:
+        """Warm-up: train on every sample. Main phase: split with the global filter, select, train on the
+        consistent rows, move the prior and fit the local filter."""
+        options = self.instruction(content, FedDivIns)
+        state = read_arrays(content, SERVER).to_torch_state_dict()
+        labels = current_labels(context, node)
+        if options.phase == "warmup":
+            model, stats = local_update(node, state, FedDivHooks(ins.training, ins.schedule, options),
+                                        ins.server_round, labels=labels)
+            return Trained(model, stats)
+
+        params, server_round = options.params, ins.server_round
+        global_model = node.model_for_state(state.keys())
+        global_model.load_state_dict(state)
+        global_logits = _logits(global_model, node)
+        probabilities = torch.softmax(global_logits, dim=1).numpy()
+        normalised = _scored_losses(global_model, global_logits, node, labels, params, server_round, "global")
+        start = _splitting_filter(options, node, server_round, normalised)
+        clean = clean_posterior(normalised, start) >= 0.5
+        kept = load_state(context, node)
+        chosen = select(params, labels, clean, probabilities, kept.participations)
+        sampler = ConsistencySampler(chosen, params, kept, global_logits, probabilities.argmax(axis=1), node)
+        model, stats = local_update(node, state, FedDivHooks(ins.training, ins.schedule, options, sampler),
+                                    server_round, labels=chosen.train_labels)
+        local_logits = _logits(model, node)
+        store_state(context, node, ClientState(
+            prior=updated_prior(kept.prior, local_logits, params.momentum, params.xi, params.prior_confidence),
+            participations=kept.participations + 1,
+            # The code caches labels de-biased with the prior before this round's update.
+            debiased=debiased_labels(local_logits, kept.prior, params.xi) if params.pcs_mode == "cached" else None))
+        local_filter = fit_filter(_scored_losses(model, local_logits, node, labels, params, server_round, "local"),
+                                  _mixture_seed(options, node, server_round, "filter"), start=start,
+                                  max_iterations=params.em_iters)
+        counts = None
+        if options.diagnostics and (node.data.true_labels >= 0).any():
+            counts = diagnostics(node.data.true_labels, labels, clean, chosen.relabeled, chosen.train_labels,
+                                 sampler.trained, node.dataset.num_classes)
+        report = FedDivRes(filter=local_filter, noise_estimate=float(1.0 - clean.mean()),
+                           relabeled=int(chosen.relabeled.sum()), trained=int(len(sampler.trained)),
+                           diagnostics=counts)
+        return Trained(model, stats, report)
 
 
 def diagnostics(truth: np.ndarray, labels: np.ndarray, clean: np.ndarray, relabeled: np.ndarray,
@@ -241,5 +280,3 @@ def diagnostics(truth: np.ndarray, labels: np.ndarray, clean: np.ndarray, relabe
         class_trained=per_class(trained_mask), class_trained_wrong=per_class(trained_wrong),
     )
 
-
-METHOD = ClientMethod(NAME, options=FedDivOptions, train=feddiv_train)

@@ -15,33 +15,21 @@ knows its truth.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 import numpy as np
-from flwr.app import ArrayRecord, Context, RecordDict
+from flwr.app import Context, RecordDict
 
 from client.label_state import current_labels, load_local_losses, store_labels, store_local_losses
 from client.node import LocalNode
-from client.plugins import ClientMethod, Trained, plain_train
+from client.plugins.base import ClientPlugin, QueryHandler, Trained
 from client.truth_counts import split_counts
 from common.seeding import rng_for
-from protocol.fedcorr import METHOD as NAME
-from protocol.fedcorr import CorrectIns, CorrectRes, Diagnostics, LidScore, Stage1Options
+from protocol.fedcorr import PLUGIN, CorrectIns, CorrectRes, Diagnostics, LidRes, Stage1Ins
 from protocol.messages import TrainIns, read_arrays, read_instruction, reply
 from task.correction import loss_split, stage1_relabel, stage2_relabel
 from task.evaluation import loss_and_proba
 from task.lid import lid_score
-
-
-def stage1_train(node: LocalNode, context: Context, arrays: ArrayRecord, ins: TrainIns,
-                 options: Stage1Options) -> Trained:
-    """Local training (mixup and the proximal term come in ``ins.training``), then the LID score of
-    the trained model's softmax outputs on the local set (evaluation transforms); with
-    ``options.keep_losses`` the same pass's per-sample losses on the current labels are kept."""
-    trained = plain_train(node, context, arrays, ins, None)
-    losses, probabilities = loss_and_proba(trained.model, node.data.images, current_labels(context, node),
-                                           node.eval_transform, device=node.device)
-    if options.keep_losses:
-        store_local_losses(context, node, losses, ins.server_round)
-    return Trained(trained.model, trained.stats, LidScore(lid_score(probabilities, k=options.lid_k)))
 
 
 def confusion(truth: np.ndarray, labels: np.ndarray, num_classes: int) -> tuple[int, ...]:
@@ -102,4 +90,23 @@ def correct(node: LocalNode, context: Context, content: RecordDict) -> RecordDic
     return reply(CorrectRes(n_relabeled=int(np.sum(new != labels)), mu_hat=mu_hat, diagnostics=counts))
 
 
-METHOD = ClientMethod(NAME, options=Stage1Options, train=stage1_train, queries={"correct": correct})
+class FedCorrPlugin(ClientPlugin):
+    """Stage-1 training with the LID score, and ``query.correct``."""
+
+    name = PLUGIN
+
+    def train(self, node: LocalNode, context: Context, ins: TrainIns, content: RecordDict) -> Trained:
+        """Local training (mixup and the proximal term come in ``ins.training``), then the LID score of
+        the trained model's softmax outputs on the local set (evaluation transforms); when the
+        instruction asks, the same pass's per-sample losses on the current labels are kept."""
+        options = self.instruction(content, Stage1Ins)
+        trained = super().train(node, context, ins, content)
+        losses, probabilities = loss_and_proba(trained.model, node.data.images, current_labels(context, node),
+                                               node.eval_transform, device=node.device)
+        if options.keep_losses:
+            store_local_losses(context, node, losses, ins.server_round)
+        return Trained(trained.model, trained.stats, LidRes(lid_score(probabilities, k=options.lid_k)))
+
+    def queries(self) -> Mapping[str, QueryHandler]:
+        """``query.correct``: label correction."""
+        return {"correct": correct}
