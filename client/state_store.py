@@ -10,8 +10,11 @@ share one directory. Without ``state-dir`` (a simulation) the state lives in mem
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
 
+import numpy as np
+import torch
 from flwr.app import Array, ArrayRecord, Context
 
 from common.atomic_files import read_npz, write_npz
@@ -49,3 +52,24 @@ def save_record(context: Context, key: str, partition_id: int, record: ArrayReco
     if path is not None:
         path.parent.mkdir(parents=True, exist_ok=True)
         write_npz(path, {name: array.numpy() for name, array in record.items()})
+
+
+def load_parameter_arrays(context: Context, key: str, partition_id: int,
+                          parameters: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """A plug-in's per-parameter state under ``key`` (FedDyn's correction, SCAFFOLD's control
+    variate), one tensor per entry of ``parameters`` (the model's parameters by name, in order; only
+    their shapes and dtypes are used): zeros before the plug-in first saved it."""
+    record = load_record(context, key, partition_id)
+    if record is None:
+        return {name: torch.zeros_like(param) for name, param in parameters.items()}
+    if sorted(record) != sorted(parameters):
+        raise RuntimeError(f"client state {key} holds arrays for parameters {sorted(record)} but the model has "
+                           f"{sorted(parameters)}; the model changed during the run")
+    return {name: torch.from_numpy(np.array(record[name].numpy())) for name in parameters}
+
+
+def save_parameter_arrays(context: Context, key: str, partition_id: int, arrays: Mapping[str, torch.Tensor]) -> None:
+    """Keep per-parameter state under ``key`` (see ``save_record``)."""
+    record = ArrayRecord({name: Array(np.ascontiguousarray(value.detach().cpu().numpy()))
+                          for name, value in arrays.items()})
+    save_record(context, key, partition_id, record)

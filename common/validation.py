@@ -38,6 +38,9 @@ class Constraint(Protocol):
     def or_none(self) -> bool:
         """Whether None (the config's ``null``) is allowed too."""
 
+    def allowed(self) -> str:
+        """What a refusal says is allowed: ``allowed is a number > 0``."""
+
     def check(self, key: str, value: Any) -> None:
         """Raise ``InvalidValue`` for ``key`` unless ``value`` is allowed."""
 
@@ -131,12 +134,16 @@ class Options:
     values: tuple[str, ...]
     or_none: bool = False
 
+    def allowed(self) -> str:
+        """``allowed are a, b``."""
+        return f"allowed are {', '.join(self.values)}"
+
     def check(self, key: str, value: Any) -> None:
         """``value`` must be one of ``values`` (or None with ``or_none``)."""
         if value is None and self.or_none:
             return
         if not isinstance(value, str) or value not in self.values:
-            raise InvalidValue(key, value, f"allowed are {', '.join(self.values)}")
+            raise InvalidValue(key, value, self.allowed())
 
     def invalid(self) -> list[Any]:
         """A name that is not an option, a number, and None unless allowed."""
@@ -150,10 +157,14 @@ class Flag:
 
     or_none: bool = False
 
+    def allowed(self) -> str:
+        """``allowed is true or false``."""
+        return "allowed is true or false"
+
     def check(self, key: str, value: Any) -> None:
         """``value`` must be a bool (or None with ``or_none``)."""
         if not isinstance(value, bool) and not (value is None and self.or_none):
-            raise InvalidValue(key, value, "allowed is true or false")
+            raise InvalidValue(key, value, self.allowed())
 
     def invalid(self) -> list[Any]:
         """A string, a number, and None unless allowed."""
@@ -167,12 +178,16 @@ class FolderPath:
 
     or_none: bool = False
 
+    def allowed(self) -> str:
+        """``allowed is a folder path or null``."""
+        return "allowed is a folder path or null"
+
     def check(self, key: str, value: Any) -> None:
         """``value`` must be such a string (or None with ``or_none``)."""
         if value is None and self.or_none:
             return
         if not isinstance(value, str) or not value.strip():
-            raise InvalidValue(key, value, "allowed is a folder path or null")
+            raise InvalidValue(key, value, self.allowed())
 
     def invalid(self) -> list[Any]:
         """A blank string and a number."""

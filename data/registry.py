@@ -30,6 +30,10 @@ class Registry:
         """Register ``func`` under ``name``; ``rules`` declares every parameter it takes and what is allowed."""
         self._entries[name] = _Entry(func, dict(rules or {}))
 
+    def rules(self, name: str) -> Mapping[str, Constraint]:
+        """Every parameter ``name`` takes and its constraint."""
+        return self._entries[name].rules
+
     @property
     def names(self) -> tuple[str, ...]:
         """The registered names, in registration order."""

@@ -33,6 +33,8 @@ FORMAT_VERSION = 1
 _PER_SAMPLE = ("indices", "client", "noisy_labels", "true_labels")
 # scikit-learn's random_state (FedCorr's GaussianMixture) takes seeds below 2**32 only.
 MAX_SEED = 2**32 - 1
+SEED = Interval(int, 0, MAX_SEED, reason="the seed feeds scikit-learn's random_state")
+"""What a run's seed may be (the scene and the run settings declare it alike)."""
 
 
 class _BadContents(Exception):
@@ -275,7 +277,7 @@ class SceneSpec(Checked):
 
     dataset: DatasetSource
     num_clients: int = option(Interval(int, 1))
-    seed: int = option(Interval(int, 0, MAX_SEED, reason="the seed feeds scikit-learn's random_state"))
+    seed: int = option(SEED)
     partition: Component = field(default_factory=lambda: Component("iid"))
     noise: Component = field(default_factory=lambda: Component("none"))
 

@@ -70,7 +70,7 @@ def run_simulation_engine(
     *,
     num_supernodes: int,
     run_config: RunConfig,
-    simulation: SimulationSettings | None = None,
+    simulation: SimulationSettings,
 ) -> None:
     """Run ``server_app`` against ``num_supernodes`` virtual SuperNodes and return when it finishes.
 
@@ -101,7 +101,6 @@ def run_simulation_engine(
     actor output hidden unless ``verbose``) and is shut down on return, also after an error. If Ray
     is already running, Flower reuses it, so ``ray_init_args`` do not apply, and still shuts it down.
     """
-    simulation = simulation or SimulationSettings()
     check_ray_init_args(simulation.ray_init_args)
     verbose = simulation.verbose
     init_args = {

@@ -15,7 +15,7 @@ from omegaconf import DictConfig
 
 from common.errors import ConfigError, InvalidValue
 from common.validation import Checked, Flag, Interval, Options, from_mapping, option
-from data.scene import SceneSpec
+from data.scene import SEED, SceneSpec
 from data.transforms import TransformPair, TransformSpec
 from models import ModelSpec
 from settings.scene import out_dir, resolved, scene_spec
@@ -100,7 +100,7 @@ class RunSettings(Checked):
     """One run, checked: everything but the strategy's own settings. ``resolved`` is the whole
     resolved configuration, as results.json stores it."""
 
-    seed: int = option(Interval(int, 0), "every random choice flows from it")
+    seed: int = option(SEED, "every random choice flows from it")
     num_clients: int = option(Interval(int, 1), "the federation's size")
     out_dir: str = option(meaning="where the run writes (scene.npz, results.json, rounds.csv)")
     scene: SceneSpec = option(meaning="the data, its partition and its noise")

@@ -39,7 +39,8 @@ class StrategyContext:
     truth: GroundTruth | None = None
     new_network: Callable[[], ArrayRecord] | None = None
 
-    def after(self, spent: int) -> StrategyContext:
-        """The context of a strategy that runs once ``spent`` participations of the budget are gone
-        (FedCorr's stage 3); the same generator, so draws run on."""
-        return self if self.comm_budget is None else replace(self, comm_budget=self.comm_budget - spent)
+    def unbudgeted(self) -> StrategyContext:
+        """The context of a nested strategy whose rounds its parent sets in its settings (FedCorr's
+        stage 3, given what the budget leaves): no budget of its own, the same generator, so draws
+        run on."""
+        return replace(self, comm_budget=None)

@@ -137,6 +137,10 @@ class FedAvg(FederatedStrategy):
         """Client ``pid``'s plug-in instruction sent beside the train instruction (None: none)."""
         return None
 
+    def plugin_arrays(self, pid: int) -> ArrayRecord | None:
+        """Client ``pid``'s plug-in arrays sent beside the global arrays (None: none)."""
+        return None
+
     def aggregate(self, replies: dict[int, TrainReply]) -> ArrayRecord:
         """The new global arrays from this round's replies."""
         return average_arrays(replies)
@@ -149,7 +153,8 @@ class FedAvg(FederatedStrategy):
         self.global_arrays = arrays
         chosen = self.select(server_round, arrays, grid)
         ins = self.train_instruction(server_round)
-        return self.messages({pid: instruction(ins, arrays=arrays, options=self.plugin_ins(pid), plugin=ins.plugin)
+        return self.messages({pid: instruction(ins, arrays=arrays, options=self.plugin_ins(pid),
+                                               plugin_arrays=self.plugin_arrays(pid), plugin=ins.plugin)
                               for pid in chosen}, TRAIN)
 
     def aggregate_train(

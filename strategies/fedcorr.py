@@ -31,7 +31,7 @@ from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDic
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Result
 
-from common.errors import InvalidValue
+from common.errors import ConfigError, InvalidValue
 from common.mixture import GUARDS, high_component
 from common.validation import Checked, Flag, Interval, Options, from_mapping, option
 from protocol.codec import ProtocolError
@@ -134,13 +134,13 @@ class FedCorrSettings(StrategySettings):
         """Stage 3's local training: the train block's, with ``stage3_learner`` if set."""
         return self.train if self.stage3_learner is None else self.train.but(learner=self.stage3_learner)
 
-    def stage3_settings(self, name: str | None = None) -> RoundSettings:
-        """The settings of stage-3 strategy ``name`` (default: ``stage3``): T3 rounds at frac2, and its
-        own options from ``stage3_options``."""
+    def stage3_settings(self, name: str | None = None, rounds: int = 1) -> RoundSettings:
+        """The settings of stage-3 strategy ``name`` (default: ``stage3``): ``rounds`` rounds at frac2
+        (what its own options allow does not depend on them), and its options from ``stage3_options``."""
         cls = self.stage3_class(name)
         block = self.stage3_options.get(cls.name) or {}
         settings = from_mapping(cls.settings_type(), block, f"stage3_options.{cls.name}",
-                                train=self.stage3_training(), num_rounds=self.t3, fraction=self.frac2, min_clients=1)
+                                train=self.stage3_training(), num_rounds=rounds, fraction=self.frac2, min_clients=1)
         assert isinstance(settings, RoundSettings)
         return settings
 
@@ -154,23 +154,36 @@ class FedCorrSettings(StrategySettings):
         finetuning = self.t2 * round_size(self.frac2, num_clients) if self.ablation.finetuning else 0
         return self.t1 * num_clients + finetuning
 
+    def stage3_rounds(self, context: StrategyContext) -> int:
+        """Stage 3's rounds: none without usual training; T3, or with a budget the rounds of frac2 N
+        that stage 1 (T1 N participations) and stage 2 (T2 m) leave."""
+        if not self.ablation.usual_training:
+            return 0
+        if context.comm_budget is None:
+            return self.t3
+        spent = self.stages12_participations(context.num_clients)
+        if context.comm_budget < spent:
+            raise ConfigError(f"comm_budget={context.comm_budget} is invalid: too small; FedCorr's stages 1-2 alone "
+                              f"spend {spent} client participations")
+        return (context.comm_budget - spent) // round_size(self.frac2, context.num_clients)
+
     def check_run(self, context: StrategyContext) -> None:
         """A budget must pay for stages 1-2, and stage 3 must work with its learner and the run."""
-        spent = self.stages12_participations(context.num_clients)
-        self.stage3_settings().rounds_under(context.comm_budget, context.num_clients, spent, "FedCorr's stages 1-2")
+        self.stage3_rounds(context)
         key = "strategy.train.learner" if self.stage3_learner is None else "strategy.stage3_learner"
         self.stage3_class().check_learner(self.stage3_training(), key)
         try:
-            self.stage3_settings().check_options(context.after(spent))
+            self.stage3_settings().check_options(context)
         except InvalidValue as err:
             raise err.under(f"stage3_options.{self.stage3}") from None
 
 
 class FedCorr(FederatedStrategy):
-    """The three-stage FedCorr strategy. Stage 3 is its own strategy (``settings.stage3``) sharing
-    FedCorr's run log and sampling generator, so rounds, cost and draws run on; its budget is what
-    stages 1-2 leave. The run's seed is the LID GMM's random_state (clients derive their loss-GMM
-    seeds from it); the scene's ground truth, if any, scores detection and correction."""
+    """The three-stage FedCorr strategy. Stage 3 is its own strategy (``settings.stage3``; None when it
+    has no rounds) sharing FedCorr's run log and sampling generator, so rounds, cost and draws run on;
+    its rounds are T3 or what the budget leaves after stages 1-2. The run's seed is the LID GMM's
+    random_state (clients derive their loss-GMM seeds from it); the scene's ground truth, if any,
+    scores detection and correction."""
 
     name = "fedcorr"
     settings: FedCorrSettings
@@ -179,9 +192,12 @@ class FedCorr(FederatedStrategy):
 
     def __init__(self, settings: FedCorrSettings, context: StrategyContext) -> None:
         super().__init__(settings, context)
-        spent = settings.stages12_participations(context.num_clients)
-        self.stage3 = settings.stage3_class()(settings.stage3_settings(), context.after(spent), stage=USUAL)
-        self.stage3.log = self.log
+        rounds = settings.stage3_rounds(context)
+        self.stage3: FedAvg | None = None
+        if rounds:
+            self.stage3 = settings.stage3_class()(settings.stage3_settings(rounds=rounds), context.unbudgeted(),
+                                                  stage=USUAL)
+            self.stage3.log = self.log
         self.monitor: FedCorrMonitor | None = None
         self.stage = PREPROCESS
         self.iteration = 1
@@ -198,7 +214,8 @@ class FedCorr(FederatedStrategy):
     def bind(self, federation) -> None:
         """Bind the federation here and in stage 3; every client starts with mu_hat = 0 and no LID."""
         super().bind(federation)
-        self.stage3.bind(federation)
+        if self.stage3 is not None:
+            self.stage3.bind(federation)
         self.monitor = FedCorrMonitor(federation.partition_ids, self.context.truth)
         self.mu_hat = dict.fromkeys(federation.partition_ids, 0.0)
         self.cumulative = dict.fromkeys(federation.partition_ids, 0.0)
@@ -213,17 +230,18 @@ class FedCorr(FederatedStrategy):
         s, ablation = self.settings, self.settings.ablation
         stage1 = s.t1 * math.ceil(n / s.stage1_round_size(n))
         return (stage1 + (s.t2 if ablation.finetuning else 0)
-                + (self.stage3.planned_rounds() if ablation.usual_training else 0))
+                + (self.stage3.planned_rounds() if self.stage3 is not None else 0))
 
     def result_blocks(self) -> dict[str, Any]:
         """Stage 3's blocks (if it runs) and FedCorr's detection and correction metrics."""
-        blocks = self.stage3.result_blocks() if self.settings.ablation.usual_training else {}
+        blocks = self.stage3.result_blocks() if self.stage3 is not None else {}
         return {**blocks, "fedcorr": self.monitor.results()} if self.monitor else blocks
 
     def start(self, grid: Grid, initial_arrays: ArrayRecord, num_rounds: int | None = None,
               timeout: float = 3600, *args: Any, **kwargs: Any) -> Result:
         """Run all three stages in Flower's loop; stage 3's exchanges wait at most ``timeout`` too."""
-        self.stage3.timeout = float(timeout)
+        if self.stage3 is not None:
+            self.stage3.timeout = float(timeout)
         return super().start(grid, initial_arrays, num_rounds, timeout, *args, **kwargs)
 
     # --- Flower's round hooks ------------------------------------------------------------------
@@ -236,7 +254,7 @@ class FedCorr(FederatedStrategy):
         self._grid = grid
         self._settle(arrays)
         self.global_arrays = arrays
-        if self.stage == USUAL:
+        if self.stage == USUAL and self.stage3 is not None:
             return self.stage3.configure_train(server_round, arrays, config, grid)
         if self.stage == PREPROCESS:
             if not self._chunks:
@@ -262,7 +280,7 @@ class FedCorr(FederatedStrategy):
         self, server_round: int, replies: Iterable[Message]
     ) -> tuple[ArrayRecord | None, MetricRecord | None]:
         """Average the round's replies (stage 3: its own aggregation); stage 1 also keeps their LID scores."""
-        if self.stage == USUAL:
+        if self.stage == USUAL and self.stage3 is not None:
             return self.stage3.aggregate_train(server_round, replies)
         if self.stage == PREPROCESS:
             good = self.collect(replies, self._read_stage1)
@@ -346,7 +364,7 @@ class FedCorr(FederatedStrategy):
         clean = set(self.clean)
         self._correct(arrays, [pid for pid in self.federation.partition_ids if pid not in clean], "stage2")
         self.monitor.end_stage("after_stage2")
-        self.stage = USUAL if self.settings.ablation.usual_training else DONE
+        self.stage = USUAL if self.stage3 is not None else DONE
 
     # --- shared --------------------------------------------------------------------------------
 

@@ -82,7 +82,6 @@ class FedESSettings(RoundSettings):
 
     def check(self) -> None:
         """The estimation round must be one of the run's rounds, and FedES trains with cross-entropy."""
-        Interval(int, 1).check("num_rounds", self.num_rounds)
         if self.s1 >= self.num_rounds:
             raise InvalidValue("s1", self.s1, f"allowed is an integer >= 0 and < num_rounds ({self.num_rounds}): "
                                               "the estimation round s1 + 1 must be one of the run's rounds")

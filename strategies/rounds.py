@@ -22,7 +22,7 @@ class RoundSettings(StrategySettings):
     """A round-based schedule and the local training its clients do."""
 
     train: LocalTraining = option(meaning="the local training settings of every round")
-    num_rounds: int = option(Interval(int, 0), "rounds to run (a comm_budget replaces it)")
+    num_rounds: int = option(Interval(int, 1), "rounds to run (a comm_budget replaces it)")
     fraction: float = option(Interval(float, 0.0, 1.0, closed="right"), "share of all clients sampled per round")
     min_clients: int = option(Interval(int, 1), "the smallest round size")
 
@@ -40,9 +40,8 @@ class RoundSettings(StrategySettings):
         return (comm_budget - spent) // self.round_size(num_clients)
 
     def check_run(self, context: StrategyContext) -> None:
-        """As a standalone strategy: at least one round, a round size that fits the federation, a budget
-        that pays for a round, and the method's own options (``check_options``)."""
-        Interval(int, 1).check("num_rounds", self.num_rounds)
+        """As a standalone strategy: a round size that fits the federation, a budget that pays for a
+        round, and the method's own options (``check_options``)."""
         self.check_round_size(context)
         if context.comm_budget is not None and self.rounds_under(context.comm_budget, context.num_clients) < 1:
             raise ConfigError(f"comm_budget={context.comm_budget} is invalid: too small; one round spends "

@@ -9,7 +9,8 @@ from defaults import context, local_training, strategy_settings
 from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, Metadata, RecordDict
 from omegaconf import OmegaConf
 
-from client.plugins.feddyn import load_correction, store_correction, updated_correction
+from client.plugins.feddyn import STATE_KEY, updated_correction
+from client.state_store import load_parameter_arrays, save_parameter_arrays
 from common.errors import ConfigError
 from protocol.feddyn import FedDynIns
 from protocol.messages import LOSS, Scores, TrainIns, TrainStats, read_instruction, read_options, reply
@@ -55,7 +56,7 @@ def feddyn_rounds(rounds: int) -> list[float]:
     trajectory = []
     for _ in range(rounds):
         local = [exact_local_optimum(k, w, float(g[k])) for k in range(2)]
-        g = [updated_correction([g[k]], {"w": torch.tensor([local[k]])}, {"w": torch.tensor([w])}, ["w"], ALPHA)[0]
+        g = [updated_correction({"w": g[k]}, {"w": torch.tensor([local[k]])}, {"w": torch.tensor([w])}, ALPHA)["w"]
              for k in range(2)]
         states = [{"w": np.array([value])} for value in local]
         new, h = feddyn_server_step({"w": np.array([w])}, states, h, alpha=ALPHA, num_clients=2, parameter_names=["w"])
@@ -72,8 +73,8 @@ def test_feddyn_first_round_matches_the_hand_computation():
 
 def test_feddyn_client_correction_is_the_gradient_at_its_local_optimum():
     w_local = exact_local_optimum(1, 0.0, 0.0)
-    g = updated_correction([torch.zeros(1)], {"w": torch.tensor([w_local])}, {"w": torch.tensor([0.0])}, ["w"], ALPHA)
-    assert float(g[0]) == pytest.approx(A[1] * (w_local - C[1]))  # grad L_2 at w_local
+    g = updated_correction({"w": torch.zeros(1)}, {"w": torch.tensor([w_local])}, {"w": torch.tensor([0.0])}, ALPHA)
+    assert float(g["w"][0]) == pytest.approx(A[1] * (w_local - C[1]))  # grad L_2 at w_local
 
 
 def test_feddyn_reaches_the_global_optimum_that_fedavg_misses():
@@ -113,13 +114,15 @@ def test_feddyn_sends_alpha_and_decays_the_learning_rate():
 def test_feddyn_client_state_survives_a_new_context_record():
     parameters = dict(torch.nn.Linear(2, 1).named_parameters())
     context = Context(run_id=1, node_id=1, node_config={}, state=RecordDict(), run_config={})
-    zeros = load_correction(context, 0, parameters)
-    assert [g.shape for g in zeros] == [p.shape for p in parameters.values()] and all(not g.any() for g in zeros)
-    stored = [torch.full_like(p, 3.0) for p in parameters.values()]
-    store_correction(context, 0, list(parameters), stored)
-    assert all(torch.equal(a, b) for a, b in zip(load_correction(context, 0, parameters), stored))
+    zeros = load_parameter_arrays(context, STATE_KEY, 0, parameters)
+    assert list(zeros) == list(parameters) and all(g.shape == parameters[name].shape and not g.any()
+                                                    for name, g in zeros.items())
+    stored = {name: torch.full_like(p, 3.0) for name, p in parameters.items()}
+    save_parameter_arrays(context, STATE_KEY, 0, stored)
+    assert all(torch.equal(load_parameter_arrays(context, STATE_KEY, 0, parameters)[name], value)
+               for name, value in stored.items())
     with pytest.raises(RuntimeError, match="model changed"):
-        load_correction(context, 0, dict(torch.nn.Linear(2, 2, bias=False).named_parameters()))
+        load_parameter_arrays(context, STATE_KEY, 0, dict(torch.nn.Linear(2, 2, bias=False).named_parameters()))
 
 
 # --- FedMedian ---------------------------------------------------------------------------------------

@@ -8,17 +8,22 @@ from pathlib import Path
 
 import pytest
 import ray
+from defaults import composed
 from flwr.app import ConfigRecord, Context, Message, RecordDict
 from flwr.clientapp import ClientApp
 from flwr.common.constant import ErrorCode
 from flwr.serverapp import Grid, ServerApp
 
 from common.errors import ConfigError
+from common.validation import from_mapping
 from server.simulation_engine import run_simulation_engine
+from settings.run import SimulationSettings
 
 pytestmark = pytest.mark.e2e
 
 NUM_NODES = 3
+# conf/'s simulation settings: one CPU per client, no GPU.
+SIMULATION = from_mapping(SimulationSettings, composed()["simulation"], "simulation")
 REPLY_TIMEOUT = 60.0
 
 client_app = ClientApp()
@@ -84,7 +89,8 @@ def fail(grid: Grid, context: Context) -> None:
 @pytest.fixture(scope="module")
 def recorded(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict, dict]:
     run_config = {"out": str(tmp_path_factory.mktemp("sim") / "record.json"), "token": "t-42", "num-nodes": NUM_NODES}
-    run_simulation_engine(recording_server, client_app, num_supernodes=NUM_NODES, run_config=run_config)
+    run_simulation_engine(recording_server, client_app, num_supernodes=NUM_NODES, run_config=run_config,
+                          simulation=SIMULATION)
     return run_config, json.loads(Path(run_config["out"]).read_text())
 
 
@@ -114,7 +120,8 @@ def test_a_client_app_exception_is_an_error_reply_not_a_hang(recorded):
 def test_a_server_app_exception_reaches_the_caller_and_ray_is_shut_down(recorded):
     assert not ray.is_initialized()  # the recording run above shut Ray down too
     with pytest.raises(LookupError, match="no strategy named 'fedbogus'"):
-        run_simulation_engine(failing_server, client_app, num_supernodes=2, run_config={"strategy": "fedbogus"})
+        run_simulation_engine(failing_server, client_app, num_supernodes=2, run_config={"strategy": "fedbogus"},
+                              simulation=SIMULATION)
     assert not ray.is_initialized()
 
 
@@ -126,7 +133,7 @@ def test_a_server_app_exception_reaches_the_caller_and_ray_is_shut_down(recorded
     ],
 )
 def test_bad_arguments_are_one_clear_error_before_ray_starts(arguments, message):
-    kwargs = {"num_supernodes": 2, "run_config": {}} | arguments
+    kwargs = {"num_supernodes": 2, "run_config": {}, "simulation": SIMULATION} | arguments
     with pytest.raises(ConfigError, match=message):
         run_simulation_engine(failing_server, client_app, **kwargs)
     assert not ray.is_initialized()

@@ -12,14 +12,13 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping, Sequence
 from typing import cast
 
-import numpy as np
 import torch
-from flwr.app import Array, ArrayRecord, Context, RecordDict
+from flwr.app import Context, RecordDict
 
 from client.label_state import current_labels
 from client.node import LocalNode
 from client.plugins.base import ClientPlugin, Trained
-from client.state_store import load_record, save_record
+from client.state_store import load_parameter_arrays, save_parameter_arrays
 from client.update import local_update
 from protocol.feddyn import PLUGIN, FedDynIns
 from protocol.messages import SERVER, TrainIns, read_arrays
@@ -30,40 +29,11 @@ from task.local_training import LocalTraining
 STATE_KEY = "feddyn-correction"
 
 
-def load_correction(context: Context, partition_id: int, parameters: Mapping[str, torch.Tensor]) -> list[torch.Tensor]:
-    """g_k, one tensor per entry of ``parameters`` (the model's parameters by name, in order; only
-    their shapes and dtypes are used); zeros before the client's first FedDyn round."""
-    names = list(parameters)
-    record = load_record(context, STATE_KEY, partition_id)
-    if record is None:
-        return [torch.zeros_like(param) for param in parameters.values()]
-    if sorted(record) != sorted(names):
-        raise RuntimeError(
-            f"client state holds a FedDyn correction for parameters {sorted(record)} but the model has "
-            f"{sorted(names)}; the model changed during the run"
-        )
-    return [torch.from_numpy(np.array(record[name].numpy())) for name in names]
-
-
-def updated_correction(
-    correction: list[torch.Tensor],
-    local: Mapping[str, torch.Tensor],
-    global_state: Mapping[str, torch.Tensor],
-    names: list[str],
-    alpha: float,
-) -> list[torch.Tensor]:
-    """g_k - alpha * (w_k - w_global), per parameter (``names`` in ``correction``'s order)."""
-    return [g - alpha * (local[name].detach().cpu() - global_state[name].cpu())
-            for g, name in zip(correction, names)]
-
-
-def store_correction(context: Context, partition_id: int, names: list[str], correction: list[torch.Tensor]) -> None:
-    """Keep g_k (one tensor per parameter in ``names``) as client state, on disk too with a
-    ``state-dir``, for the client's next FedDyn round."""
-    record = ArrayRecord(
-        {name: Array(np.ascontiguousarray(g.detach().cpu().numpy())) for name, g in zip(names, correction)}
-    )
-    save_record(context, STATE_KEY, partition_id, record)
+def updated_correction(correction: Mapping[str, torch.Tensor], local: Mapping[str, torch.Tensor],
+                       global_state: Mapping[str, torch.Tensor], alpha: float) -> dict[str, torch.Tensor]:
+    """g_k - alpha * (w_k - w_global), per parameter of ``correction``."""
+    return {name: g - alpha * (local[name].detach().cpu() - global_state[name].cpu())
+            for name, g in correction.items()}
 
 
 class LinearTerm(TrainingHooks):
@@ -101,11 +71,10 @@ class FedDynPlugin(ClientPlugin):
         # FedDyn's quadratic term is alpha/2 ||w - w_global||^2: the squared proximal term.
         training = ins.training.but(prox_weight=alpha / 2, prox_norm="squared")
         global_state = read_arrays(content, SERVER).to_torch_state_dict()
-        names = node.parameter_names
-        correction = load_correction(context, node.partition_id, {name: global_state[name] for name in names})
-        model, stats = local_update(node, global_state, LinearTerm(training, ins.schedule, correction),
+        parameters = {name: global_state[name] for name in node.parameter_names}
+        correction = load_parameter_arrays(context, STATE_KEY, node.partition_id, parameters)
+        model, stats = local_update(node, global_state, LinearTerm(training, ins.schedule, list(correction.values())),
                                     ins.server_round, labels=current_labels(context, node))
-        local = dict(model.named_parameters())
-        store_correction(context, node.partition_id, names,
-                         updated_correction(correction, local, global_state, names, alpha))
+        save_parameter_arrays(context, STATE_KEY, node.partition_id,
+                              updated_correction(correction, dict(model.named_parameters()), global_state, alpha))
         return Trained(model, stats)
