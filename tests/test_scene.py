@@ -1,5 +1,3 @@
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -23,12 +21,6 @@ def prepare(cfg):
     """``prepare_scene`` for a composed config, as ``scene.py`` and ``sim.py`` call it."""
     settings = run_settings(cfg)
     return prepare_scene(settings.scene, settings.out_dir)
-
-
-def run_cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "scene.py", *args], cwd=REPO, capture_output=True, text=True, timeout=120
-    )
 
 
 def test_same_spec_and_seed_give_a_byte_identical_file(tmp_path):
@@ -160,26 +152,6 @@ def test_clothing1m_refuses_synthetic_noise():
     source = DatasetSource("clothing1m", num_classes=14, root=None, download=False, cache_dir=None)
     with pytest.raises(ConfigError, match="use noise=none"):
         SceneSpec.build(source, 10, 1, {"name": "iid"}, {"name": "symmetric", "eps": 0.2})
-
-
-@pytest.mark.e2e
-def test_cli_contract_writes_reuses_refuses_and_plots(tmp_path):
-    out = tmp_path / "scene"
-    args = ["dataset=digits", "num_clients=10", "partition=iid", "noise=fedcorr", "noise.rho=0.6",
-            "noise.tau=0.5", "seed=1", f"out_dir={out}"]
-    first = run_cli(*args)
-    assert first.returncode == 0, first.stderr
-    assert "client" in first.stdout and "true_noise" in first.stdout and f"wrote {out / SCENE_FILE}" in first.stdout
-    with np.load(out / SCENE_FILE, allow_pickle=False) as archive:
-        assert {"indices", "client", "noisy_labels", "true_labels", "spec"} <= set(archive.files)
-    again = run_cli(*args, "scene.plot=true")
-    assert again.returncode == 0 and "reused" in again.stdout
-    assert (out / "partition.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    clash = run_cli(*args[:-1], "noise.rho=0.9", f"out_dir={out}")
-    assert clash.returncode == 2 and "different config" in clash.stderr and "Traceback" not in clash.stderr
-    bad = run_cli("dataset=digits", "noise.rho=2", f"out_dir={tmp_path / 'bad'}")
-    assert bad.returncode == 2 and "noise.rho=2 is invalid" in bad.stderr
-    assert not (tmp_path / "bad").exists()
 
 
 def test_a_bare_npy_file_is_not_a_scene(tmp_path):

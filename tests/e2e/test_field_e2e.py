@@ -8,8 +8,6 @@ import pytest
 from commands import sim
 from test_flwr_run import flwr_run
 
-pytestmark = pytest.mark.e2e
-
 METHODS = ["fednoro", "feddiv", "fedes"]
 # smoke: 10 clients; FedNoRo 10 rounds of 3 (warm-up 1); FedDiv 10 one-client warm-up rounds, then
 # 10 of 3; FedES 3 pre-training rounds of 3, one of all 10, then 6 of 3.

@@ -7,8 +7,6 @@ import math
 import pytest
 from commands import sim
 
-pytestmark = pytest.mark.e2e
-
 
 @pytest.fixture(scope="module")
 def fedcorr_run(tmp_path_factory):

@@ -4,10 +4,7 @@ import csv
 import json
 import time
 
-import pytest
 from commands import report, sim
-
-pytestmark = pytest.mark.e2e
 
 
 def test_smoke_fedavg_writes_the_results_contract(tmp_path):

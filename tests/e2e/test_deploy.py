@@ -25,12 +25,11 @@ from cryptography.hazmat.primitives.serialization import (
     load_ssh_public_key,
 )
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 DEPLOY = REPO / "deploy"
 MARKER = "FEDCORR_FEDERATION"  # local_federation.sh marks every process it starts with this variable
 
-pytestmark = [pytest.mark.e2e,
-              pytest.mark.skipif(not Path("/proc").is_dir(), reason="process checks read /proc (Linux)")]
+pytestmark = [pytest.mark.skipif(not Path("/proc").is_dir(), reason="process checks read /proc (Linux)")]
 
 
 def _running(pid: int) -> bool:

@@ -8,8 +8,6 @@ import json
 import pytest
 from commands import sim
 
-pytestmark = pytest.mark.e2e
-
 METHODS = ["fedprox", "feddyn", "fedmedian", "poc", "fedlsr"]
 ROUNDS, PER_ROUND, POOL, CLIENTS = 3, 3, 6, 10  # smoke: 10 clients, fraction 0.3, PoC pool d = 6
 

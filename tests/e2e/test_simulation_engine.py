@@ -19,8 +19,6 @@ from common.validation import from_mapping
 from server.simulation_engine import run_simulation_engine
 from settings.run import SimulationSettings
 
-pytestmark = pytest.mark.e2e
-
 NUM_NODES = 3
 # conf/'s simulation settings: one CPU per client, no GPU.
 SIMULATION = from_mapping(SimulationSettings, composed()["simulation"], "simulation")

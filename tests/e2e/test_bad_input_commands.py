@@ -1,0 +1,55 @@
+"""Bad input on the real command lines: sim.py, scene.py and export.py print one ``error:`` line and
+exit with status 2 before any work (no file or folder written, no Ray started); a runtime that fails
+to start ends the process with one line (the in-process table is tests/test_bad_input.py)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+SMOKE = ["experiment=smoke"]
+
+
+def _words(case: str, tmp: Path) -> list[str]:
+    return [*SMOKE, *case.replace("{tmp}", str(tmp)).split()]
+
+
+def _ray_sessions() -> set[str]:
+    root = Path("/tmp/ray")
+    return {p.name for p in root.glob("session_*")} if root.exists() else set()
+
+
+@pytest.mark.parametrize(("script", "case", "starts"), [
+    ("sim.py", "experiment=smok", "experiment='smok'"),
+    ("sim.py", "+num_client=5", "num_client=5"),
+    ("sim.py", "client.device=cuda:7", "client.device='cuda:7'"),
+    ("sim.py", "-m seed=1,2 noise.rho=5", "noise.rho=5"),
+    ("sim.py", "+simulation.ray_init_args.foo=1", "simulation.ray_init_args.foo=1"),
+    ("scene.py", "out_dir={tmp}", "out_dir="),
+    ("export.py", "export.true_labels=maybe", "export.true_labels='maybe'"),
+])
+def test_the_commands_print_one_error_line_and_exit_2(script, case, starts, tmp_path):
+    sessions = _ray_sessions()
+    (tmp_path / "cwd").mkdir()
+    (tmp_path / "blocker").write_text("a file where a folder should be")
+    done = subprocess.run([sys.executable, str(REPO / script), *_words(case, tmp_path / "blocker")],
+                          cwd=tmp_path / "cwd", capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2, done.stderr[-2000:]
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"error: {starts}"), done.stderr[-2000:]
+    assert list((tmp_path / "cwd").iterdir()) == [] and _ray_sessions() == sessions
+
+
+def test_a_runtime_that_fails_to_start_ends_the_process_with_one_error_line(tmp_path):
+    # Ray refuses the logging level only while the runtime starts; the ServerApp thread it leaves
+    # behind would otherwise keep the process waiting for nodes until its own timeout (120 s).
+    done = subprocess.run([sys.executable, str(REPO / "sim.py"), *SMOKE, f"out_dir={tmp_path / 'run'}",
+                           "+simulation.ray_init_args.logging_level=NOPE"],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=90)
+    assert done.returncode == 1
+    assert done.stderr.strip().splitlines()[-1].startswith(
+        "error: the simulation runtime failed: ValueError: Unknown level"), done.stderr[-2000:]
