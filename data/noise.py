@@ -77,7 +77,7 @@ def fedcorr(
     from all M classes, which may be the true one (the paper's choice); with
     ``allow_true_label=False`` the new class always differs. ``label_pool``: draw the new class from
     the first ``label_pool`` classes only (the FedCorr/FedDiv code's hard-coded 10, also on
-    CIFAR-100; methods.md C14); it may be the true one.
+    CIFAR-100); it may be the true one.
     """
     if label_pool is not None:
         if label_pool > num_classes:

@@ -17,8 +17,8 @@ from models.vgg import vgg11
 
 
 @dataclass(frozen=True)
-class _ModelSpec:
-    """How to build one registered model, the smallest square input it can take, and the check of
+class _RegisteredModel:
+    """A registry entry: how to build the model, the smallest square input it can take, and the check of
     its options that can run before any work (None: the option names are all there is to check)."""
 
     build: Callable[..., nn.Module]
@@ -26,14 +26,14 @@ class _ModelSpec:
     check: Callable[[dict[str, Any]], None] | None = None
 
 
-_REGISTRY: dict[str, _ModelSpec] = {
-    "lenet5": _ModelSpec(LeNet5, LeNet5.MIN_IMAGE_SIZE),
-    "small_cnn": _ModelSpec(SmallCNN, SmallCNN.MIN_IMAGE_SIZE),
-    "cnn9": _ModelSpec(CNN9, CNN9.MIN_IMAGE_SIZE),
-    "resnet18": _ModelSpec(resnet18, 1),
-    "resnet34": _ModelSpec(resnet34, 1),
-    "resnet50": _ModelSpec(resnet50, 1, check_resnet50_options),
-    "vgg11": _ModelSpec(vgg11, 1),
+_REGISTRY: dict[str, _RegisteredModel] = {
+    "lenet5": _RegisteredModel(LeNet5, LeNet5.MIN_IMAGE_SIZE),
+    "small_cnn": _RegisteredModel(SmallCNN, SmallCNN.MIN_IMAGE_SIZE),
+    "cnn9": _RegisteredModel(CNN9, CNN9.MIN_IMAGE_SIZE),
+    "resnet18": _RegisteredModel(resnet18, 1),
+    "resnet34": _RegisteredModel(resnet34, 1),
+    "resnet50": _RegisteredModel(resnet50, 1, check_resnet50_options),
+    "vgg11": _RegisteredModel(vgg11, 1),
 }
 
 MODEL_NAMES: tuple[str, ...] = tuple(_REGISTRY)

@@ -1,4 +1,4 @@
-"""The messages every method uses: their types, typed instructions and replies, and the record layout.
+"""The messages every strategy and plug-in uses: their types, typed instructions and replies, and the record layout.
 
 A message's content is a ``RecordDict``:
 
@@ -10,14 +10,14 @@ A message's content is a ``RecordDict``:
 
 Kinds (``docs/design.md`` has the table):
 
-==================  =================================  ==========================================
-message type        instruction                        reply
-==================  =================================  ==========================================
-``query.info``      (empty)                            ``NodeInfo``
-``train``           arrays + ``TrainIns`` [+ options]  arrays + ``TrainRes`` [+ method extra]
-``evaluate``        arrays                             ``Scores`` (on the node's current labels)
-``query.loss``      arrays                             ``Scores`` (Power-of-Choice's candidate query)
-==================  =================================  ==========================================
+==================  ====================================  ==========================================
+message type        instruction                           reply
+==================  ====================================  ==========================================
+``query.info``      (empty)                               ``NodeInfo``
+``train``           arrays + ``TrainIns`` [+ plug-in's]   arrays + ``TrainStats`` [+ plug-in's extra]
+``evaluate``        arrays                                ``Scores`` (on the node's current labels)
+``query.loss``      arrays                                ``Scores`` (Power-of-Choice's candidate query)
+==================  ====================================  ==========================================
 """
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ T = TypeVar("T", bound="DataclassInstance")
 __all__ = [
     "ARRAYS", "CONFIG", "EVALUATE", "INFO", "LOSS", "METRICS", "SERVER", "TRAIN",
     "NodeInfo", "Scores", "TrainIns", "TrainStats",
-    "instruction", "read_arrays", "read_extra", "read_instruction", "read_options", "read_plugin_arrays",
+    "instruction", "read_arrays", "read_extra", "read_instruction", "read_plugin_ins", "read_plugin_arrays",
     "read_reply", "reply",
 ]
 
@@ -86,18 +86,18 @@ def plugin_arrays_key(plugin: str) -> str:
     return f"{plugin}.{ARRAYS}"
 
 
-def instruction(payload: Any = None, *, arrays: ArrayRecord | None = None, options: Any = None,
+def instruction(payload: Any = None, *, arrays: ArrayRecord | None = None, plugin_ins: Any = None,
                 plugin_arrays: ArrayRecord | None = None, plugin: str = "") -> RecordDict:
     """The content of an instruction: ``arrays``, ``payload`` as ``config``, the plug-in's own
-    instruction ``options`` under ``plugin`` and its ``plugin_arrays`` under ``<plugin>.arrays``."""
+    instruction ``plugin_ins`` under ``plugin`` and its ``plugin_arrays`` under ``<plugin>.arrays``."""
     content = RecordDict()
     if arrays is not None:
         content[ARRAYS] = arrays
     if payload is not None:
         # dict(): the same items, typed with ConfigRecord's value types (dict is invariant)
         content[CONFIG] = ConfigRecord(dict(encode(payload)))
-    if options is not None:
-        content[plugin] = ConfigRecord(dict(encode(options)))
+    if plugin_ins is not None:
+        content[plugin] = ConfigRecord(dict(encode(plugin_ins)))
     if plugin_arrays is not None:
         content[plugin_arrays_key(plugin)] = plugin_arrays
     return content
@@ -133,7 +133,7 @@ def read_instruction(content: RecordDict, cls: type[T], sender: str = SERVER) ->
     return decode(cls, _record(content, CONFIG, ConfigRecord, sender), sender)
 
 
-def read_options(content: RecordDict, plugin: str, cls: type[T], sender: str = SERVER) -> T:
+def read_plugin_ins(content: RecordDict, plugin: str, cls: type[T], sender: str = SERVER) -> T:
     """A plug-in's own instruction record as ``cls``."""
     return decode(cls, _record(content, plugin, ConfigRecord, sender), sender)
 

@@ -118,7 +118,7 @@ class FedAvg(FederatedStrategy):
         return sample_clients(self.rng, self.federation.partition_ids, self.round_size())
 
     def train_instruction(self, server_round: int) -> TrainIns:
-        """What this round's clients are told to do (subclasses change the training or the method):
+        """What this round's clients are told to do (subclasses change the training or the plug-in):
         the local training and the learner's values for this strategy's round."""
         return TrainIns(server_round=server_round, training=self.train,
                         schedule=self.train.schedule_at(self.stage_rounds))
@@ -153,7 +153,7 @@ class FedAvg(FederatedStrategy):
         self.global_arrays = arrays
         chosen = self.select(server_round, arrays, grid)
         ins = self.train_instruction(server_round)
-        return self.messages({pid: instruction(ins, arrays=arrays, options=self.plugin_ins(pid),
+        return self.messages({pid: instruction(ins, arrays=arrays, plugin_ins=self.plugin_ins(pid),
                                                plugin_arrays=self.plugin_arrays(pid), plugin=ins.plugin)
                               for pid in chosen}, TRAIN)
 

@@ -308,9 +308,9 @@ class FedCorr(FederatedStrategy):
             prox_weight=s.beta * self.mu_hat[pid] if ablation.local_proximal else 0.0,
             prox_norm=s.prox_norm,
         )
-        options = Stage1Ins(lid_k=s.lid_k, keep_losses="local" in (s.split_losses, s.rank_losses))
+        stage1 = Stage1Ins(lid_k=s.lid_k, keep_losses="local" in (s.split_losses, s.rank_losses))
         return instruction(TrainIns(server_round, training, plugin=PLUGIN), arrays=arrays,
-                           options=options, plugin=PLUGIN)
+                           plugin_ins=stage1, plugin=PLUGIN)
 
     def _read_stage1(self, content: RecordDict, sender: str) -> TrainReply:
         reply = self.read_train(content, sender)

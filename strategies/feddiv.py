@@ -1,4 +1,4 @@
-"""FedDiv (Li et al., AAAI 2024; ``../shared/methods.md`` section 3): a federated noise filter and
+"""FedDiv (Li et al., AAAI 2024): a federated noise filter and
 predictive-consistency sampling.
 
 Warm-up (FedCorr's pre-processing schedule, the released code's): T_wu iterations; each visits every
@@ -218,12 +218,12 @@ class FedDiv(FedAvg):
                     self._order = [int(pid) for pid in self.rng.permutation(self.federation.partition_ids)]
                 chosen = [self._order.pop(0)]
             self._warmup_left -= 1
-            options = self.ins
+            plugin_ins = self.ins
         else:
             self.stage = MAIN
             chosen = self.select(server_round, arrays, grid)
-            options = replace(self.ins, phase=MAIN, filter=self.global_filter)
-        content = instruction(ins, arrays=arrays, options=options, plugin=PLUGIN)
+            plugin_ins = replace(self.ins, phase=MAIN, filter=self.global_filter)
+        content = instruction(ins, arrays=arrays, plugin_ins=plugin_ins, plugin=PLUGIN)
         return self.messages({pid: content for pid in chosen}, TRAIN)
 
     def read_train(self, content: RecordDict, sender: str) -> TrainReply:

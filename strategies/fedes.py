@@ -1,12 +1,12 @@
 """FedES (Zeng et al., IJCAI 2024): federated early-stopping of non-critical parameters.
 
 Rounds 1..s1 (``pretrain``): FedAvg with local cross-entropy. Round s1 + 1 (``estimate``): every
-client trains the same way (full participation, methods.md 4.6 D9) and the round is averaged as in
+client trains the same way (full participation) and the round is averaged as in
 FedAvg; from the clients' weights the server estimates each client's quality rho_n
 (``strategies.fedes_quality``). The remaining rounds (``segd``): a sample of clients trains with
 selective gradient descent at its own rho_n (client side: ``client/methods/fedes.py``), and the
 server aggregates with NaAgg, weights n_k * rho_k; with ``reestimate_every = r`` every r-th round
-after the first estimation is another estimation round (D8). ``docs/fedes.md`` maps the method to
+after the first estimation is another estimation round. ``docs/fedes.md`` maps the method to
 this code.
 """
 
@@ -37,15 +37,15 @@ from task.critical_parameters import PARAMETER_SETS
 log = logging.getLogger(__name__)
 
 PRETRAIN, ESTIMATE, SEGD = "pretrain", "estimate", "segd"
-# naagg: weights n_k * rho_k (the slides) | fedavg: weights n_k (the released code, D1).
+# naagg: weights n_k * rho_k (the slides) | fedavg: weights n_k (the released code).
 AGGREGATIONS = ("naagg", "fedavg")
 # estimate: the signed-EMD estimate (the slides) | oracle: 1 - the true noise rate (the released
-# code; reads the scene's ground truth, so diagnostics only, D1).
+# code; reads the scene's ground truth, so diagnostics only).
 RHO_SOURCES = ("estimate", "oracle")
 # FedES makes no binary decision; for a detection score comparable with FedCorr's, a client whose
 # estimated rho is below this counts as detected noisy (our reading).
 DETECTION_THRESHOLD = 0.5
-# W_start of a client's CoP (D2): the global model it started from (``global``), or its own upload of
+# W_start of a client's CoP: the global model it started from (``global``), or its own upload of
 # the round before the estimation round (``own_upload``; the global model for a client that was not
 # in that round).
 COP_ORIGINS = ("global", "own_upload")
@@ -164,13 +164,13 @@ class FedES(FedAvg):
         """The stage of ``server_round`` (``phase_of``)."""
         return phase_of(server_round, self.settings.s1, self.settings.reestimate_every)
 
-    def segd_options(self, rho: float) -> SeGdIns:
+    def segd_ins(self, rho: float) -> SeGdIns:
         """What a client trains with at ``rho``."""
         s = self.settings
         return SeGdIns(rho=rho, mask_params=s.mask_params, strict_freeze=s.strict_freeze, mask=s.mask)
 
     def rho_of(self, pid: int) -> float:
-        """The rho client ``pid`` trains and is weighted with (1 for a client never estimated, D9)."""
+        """The rho client ``pid`` trains and is weighted with (1 for a client never estimated)."""
         return self.rho_sent.get(pid, 1.0)
 
     def configure_train(
@@ -182,7 +182,7 @@ class FedES(FedAvg):
         if self.stage == ESTIMATE:
             # Plain training; with the static mask every client also keeps its update's CoP.
             content = (instruction(replace(ins, plugin=PLUGIN), arrays=arrays, plugin=PLUGIN,
-                                   options=replace(self.segd_options(1.0), keep_cop=True))
+                                   plugin_ins=replace(self.segd_ins(1.0), keep_cop=True))
                        if self.settings.mask == "static" else instruction(ins, arrays=arrays))
             return self.messages(dict.fromkeys(self.federation.partition_ids, content), TRAIN)
         chosen = self.select(server_round, arrays, grid)
@@ -191,13 +191,13 @@ class FedES(FedAvg):
             return self.messages(dict.fromkeys(chosen, content), TRAIN)
         segd = replace(ins, plugin=PLUGIN)
         return self.messages({pid: instruction(segd, arrays=arrays, plugin=PLUGIN,
-                                               options=self.segd_options(self.rho_of(pid)))
+                                               plugin_ins=self.segd_ins(self.rho_of(pid)))
                               for pid in chosen}, TRAIN)
 
     def aggregate(self, replies: dict[int, TrainReply]) -> ArrayRecord:
         """FedAvg, estimating rho after an estimation round; NaAgg in the SeGD rounds."""
         if self.settings.cop_origin == "own_upload" and self.phase(self._round + 1) == ESTIMATE:
-            # D2's other reading: the next estimation measures each update from the client's own upload now.
+            # The other reading of W_start: the next estimation measures each update from the client's own upload now.
             self.previous_uploads = {pid: as_numpy(reply.arrays) for pid, reply in replies.items()}
         if self.stage == SEGD and self.settings.aggregation == "naagg":
             weights = naagg_weights(example_counts(replies), [self.rho_of(pid) for pid in replies])
@@ -213,7 +213,7 @@ class FedES(FedAvg):
 
     def _estimate(self, replies: Mapping[int, TrainReply], aggregate: ArrayRecord) -> None:
         """Estimate the rho of every client that answered the estimation round, from its weights
-        (W_start: the global model it started from, or its own upload of the round before, D2)."""
+        (W_start: the global model it started from, or its own upload of the round before)."""
         assert self.global_arrays is not None
         start = as_numpy(self.global_arrays)
         names = parameter_set(start, self.context.parameter_names, self.settings.mask_params)

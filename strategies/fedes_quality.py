@@ -1,14 +1,14 @@
-"""FedES's quality estimate from the estimation round's weights (methods.md 4.2), in NumPy.
+"""FedES's quality estimate from the estimation round's weights, in NumPy (``docs/fedes.md``).
 
 For the parameter set P (``task.critical_parameters``, the rule SeGD uses too), with W_start the
-global model the clients started from, or per client its own upload of the round before (D2):
+global model the clients started from, or per client its own upload of the round before:
 
 - criticality of parameters (CoP): g = |(W_after - W_start) * W_start| over P, flattened; one g_n
   per client and g_s for the round's FedAvg;
-- mu: a summary of each g (D3): the mean of the higher-mean component of a 2-component GMM fitted
+- mu: a summary of each g: the mean of the higher-mean component of a 2-component GMM fitted
   to a seeded subsample, or the plain mean;
 - d_n = sign(mu_n - mu_s) * EMD(g_n, g_s), the 1-D Wasserstein-1 distance of the two samples;
-- rho_n: d min-max normalised over the clients, optionally floored (D6).
+- rho_n: d min-max normalised over the clients, optionally floored.
 
 Nothing here needs more than the weights FedAvg already receives.
 """
@@ -23,9 +23,9 @@ import numpy as np
 from common.seeding import rng_for
 from task.critical_parameters import in_parameter_set
 
-# The summary of a CoP vector (D3): gmm (the higher-mean component's mean) | arithmetic_mean.
+# The summary of a CoP vector: gmm (the higher-mean component's mean) | arithmetic_mean.
 MU_ESTIMATORS = ("gmm", "arithmetic_mean")
-# The GMM is fitted to at most this many entries of a CoP vector (methods.md 4.2: 10^5).
+# The GMM is fitted to at most this many entries of a CoP vector (FedES's spec: 10^5).
 GMM_SAMPLE = 100_000
 # CoP vectors whose spread is below this share of their magnitude are one population: no GMM.
 SPREAD_TOLERANCE = 1e-12
@@ -81,7 +81,7 @@ def signed_distance(mu: float, mu_global: float, emd: float) -> float:
 
 
 def min_max_quality(distances: Mapping[int, float], floor: float = 0.0) -> dict[int, float]:
-    """rho_n = (d_n - min d) / (max d - min d), raised to ``floor`` where below it (D6).
+    """rho_n = (d_n - min d) / (max d - min d), raised to ``floor`` where below it.
 
     When every d is the same, no client looks worse than another: every rho is 1, so SeGD trains
     plainly and NaAgg weighs by set size, i.e. FedES falls back to FedAvg rather than divide by zero.
@@ -116,7 +116,7 @@ def estimate_quality(
 ) -> QualityEstimate:
     """The quality rho of every client from the round's states: ``start`` (W_start), ``clients`` (partition id ->
     its trained state) and their ``aggregate``, over the arrays ``names`` (P). ``client_starts``: a
-    client's own W_start in its CoP (D2's other reading; ``start`` for the clients it lacks; the
+    client's own W_start in its CoP (the other reading of W_start; ``start`` for the clients it lacks; the
     global CoP always uses ``start``). One client's CoP at a time, so memory stays at a few copies of
     P whatever the federation's size."""
     origin = flat(start, names)

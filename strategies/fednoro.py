@@ -1,11 +1,11 @@
-"""FedNoRo (Wu et al., IJCAI 2023; ``../shared/methods.md`` section 2): warm-up, noisy-client
+"""FedNoRo (Wu et al., IJCAI 2023): warm-up, noisy-client
 detection, then distillation on noisy clients and distance-aware aggregation.
 
 Warm-up (the first T1 rounds): FedAvg, every client trains with the logit-adjusted loss.
 Detection (once, before round T1 + 1): every client, sampled or not, answers ``query.class_loss``
 with the warmed-up global model's per-class mean loss on its given labels; the server votes a
 2-component mixture over them (``strategies.fednoro_detection``): S_n, the noisy clients. With
-``redetect_every = r`` the detection is repeated every r rounds after it and S_n replaced (B4).
+``redetect_every = r`` the detection is repeated every r rounds after it and S_n replaced.
 Then each round clean clients keep the logit-adjusted loss and noisy ones add distillation from
 the global model with weight lambda_t = a exp(-5 (1 - (clip(t, b, e) - b) / (e - b))^2), b = T1; the
 server aggregates with DaAgg: w_i proportional to n_i exp(-D(i)), D(i) the distance of a noisy

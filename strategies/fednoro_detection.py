@@ -1,4 +1,4 @@
-"""FedNoRo's noisy-client detection (``../shared/methods.md`` section 2.2): a 2-component Gaussian
+"""FedNoRo's noisy-client detection (``docs/fednoro.md``): a 2-component Gaussian
 mixture on the clients' per-class loss vectors of the warmed-up global model, voted over several fits.
 
 Each client reports, per class of its given labels, the global model's mean cross-entropy (and how

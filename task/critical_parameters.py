@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 # weights: every parameter tensor with 2+ dims (conv kernels, linear matrices), the released code's
-# set (methods.md 4.6 D5); biases and BatchNorm scales keep their plain gradient. all: every parameter.
+# set; biases and BatchNorm scales keep their plain gradient. all: every parameter.
 PARAMETER_SETS = ("weights", "all")
 
 

@@ -1,4 +1,4 @@
-"""FedDiv's noise filter (Li et al., AAAI 2024, Sec. 3; ``../shared/methods.md`` section 3): a
+"""FedDiv's noise filter (Li et al., AAAI 2024, Sec. 3; ``docs/feddiv.md``): a
 2-component 1-D Gaussian mixture on a client's min-max normalised per-sample losses.
 
 Normalising the losses to [0, 1] is what makes filters of different clients comparable, so the

@@ -1,10 +1,10 @@
-"""FedES's selective gradient descent (SeGD): the client's stage-2 step rule (methods.md 4.3).
+"""FedES's selective gradient descent (SeGD): the client's stage-2 step rule (``docs/fedes.md``).
 
 At every local step, after the backward pass: the criticality of each entry i of the parameter set P
 (``task.critical_parameters``) is c_i = |G_i * W_i|, ranked over all of P at once (not per layer);
 with k = max(1, floor(rho * m)) and h the k-th largest c_i, the entries with c_i >= h keep their
 gradient scaled by rho and the others get none: G_i <- rho * 1[c_i >= h] * G_i. Parameters outside
-P keep their plain gradient. The mask is recomputed every step (the dynamic mask, D4), or fixed for
+P keep their plain gradient. The mask is recomputed every step (the dynamic mask), or fixed for
 the run from a criticality the client measured once (the static mask: its own update's CoP in the
 estimation round, ``update_criticality``).
 """

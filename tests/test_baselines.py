@@ -13,7 +13,7 @@ from client.plugins.feddyn import STATE_KEY, updated_correction
 from client.state_store import load_parameter_arrays, save_parameter_arrays
 from common.errors import ConfigError
 from protocol.feddyn import FedDynIns
-from protocol.messages import LOSS, Scores, TrainIns, TrainStats, read_instruction, read_options, reply
+from protocol.messages import LOSS, Scores, TrainIns, TrainStats, read_instruction, read_plugin_ins, reply
 from server.config import load_run
 from settings.compose import compose_config
 from strategies.aggregation import coordinate_median
@@ -103,7 +103,7 @@ def test_feddyn_sends_alpha_and_decays_the_learning_rate():
         messages = list(strategy.configure_train(server_round, arrays, ConfigRecord(), grid=None))
         ins = read_instruction(messages[0].content, TrainIns)
         assert ins.plugin == "feddyn" and ins.training.lr == pytest.approx(lr)
-        assert read_options(messages[0].content, "feddyn", FedDynIns) == FedDynIns(alpha=0.01)
+        assert read_plugin_ins(messages[0].content, "feddyn", FedDynIns) == FedDynIns(alpha=0.01)
         replies = [response(strategy.federation.partition_of(m.metadata.dst_node_id),
                             reply(TrainStats(50, 1.0, 1), arrays=ArrayRecord({"w": Array(np.ones(2, np.float32))})))
                    for m in messages]

@@ -78,7 +78,7 @@ def test_a_node_without_partition_is_a_clear_error(run, incoming, node_context):
 def test_feddyn_train_keeps_its_correction_as_client_state(run, incoming, node_context):
     overrides, _, arrays = run
     context = node_context(overrides, 1)
-    content = instruction(TrainIns(1, TRAINING, plugin="feddyn"), arrays=arrays, options=FedDynIns(alpha=0.1),
+    content = instruction(TrainIns(1, TRAINING, plugin="feddyn"), arrays=arrays, plugin_ins=FedDynIns(alpha=0.1),
                           plugin="feddyn")
     local = client_app.train(incoming(content, "train"), context).content["arrays"].to_torch_state_dict()
     start = arrays.to_torch_state_dict()

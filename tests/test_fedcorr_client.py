@@ -26,7 +26,7 @@ def run(prepared_run):
 
 def train_stage1(incoming, context: Context, arrays, server_round: int = 1, keep_losses: bool = True):
     content = instruction(TrainIns(server_round, TRAINING, plugin="fedcorr"), arrays=arrays,
-                          options=Stage1Ins(lid_k=20, keep_losses=keep_losses), plugin="fedcorr")
+                          plugin_ins=Stage1Ins(lid_k=20, keep_losses=keep_losses), plugin="fedcorr")
     return client_app.train(incoming(content, "train"), context)
 
 
@@ -39,7 +39,7 @@ def correct(incoming, context: Context, arrays, **changes) -> CorrectRes:
 
 def test_stage1_training_reports_a_finite_lid(run, incoming, node_context):
     overrides, _, arrays = run
-    content = instruction(TrainIns(1, TRAINING, plugin="fedcorr"), arrays=arrays, options=Stage1Ins(lid_k=20),
+    content = instruction(TrainIns(1, TRAINING, plugin="fedcorr"), arrays=arrays, plugin_ins=Stage1Ins(lid_k=20),
                           plugin="fedcorr")
     reply = client_app.train(incoming(content, "train"), node_context(overrides, 1))
     lid = read_extra(reply.content, "fedcorr", LidRes, "client 1").lid

@@ -321,7 +321,7 @@ def test_the_client_state_survives_a_restarted_supernode_and_training_continues_
         options = FedDivIns(phase="main", params=params, eta=0.0, filter=NoiseFilter(0.1, 0.6, 0.01, 0.05, 0.7, 0.3),
                                 seed=1)
         content = instruction(TrainIns(server_round, local_training(lr=0.05, epochs=2, batch_size=16), plugin="feddiv"),
-                              arrays=arrays, options=options, plugin="feddiv")
+                              arrays=arrays, plugin_ins=options, plugin="feddiv")
         reply = client_app.train(incoming(content, "train"), ctx)
         report = read_extra(reply.content, "feddiv", FedDivRes, "client 4")
         assert 0.0 <= report.noise_estimate <= 1.0 and report.filter.mean_clean <= report.filter.mean_noisy

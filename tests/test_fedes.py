@@ -15,7 +15,7 @@ from client import app as client_app
 from common.errors import ConfigError, InvalidValue
 from protocol.codec import ProtocolError
 from protocol.fedes import PLUGIN, SeGdIns
-from protocol.messages import TrainIns, TrainStats, instruction, read_instruction, read_options, read_reply
+from protocol.messages import TrainIns, TrainStats, instruction, read_instruction, read_plugin_ins, read_reply
 from server.config import load_run
 from settings.compose import compose_config
 from strategies import fedes_quality
@@ -260,7 +260,7 @@ def test_the_estimation_round_asks_everyone_and_segd_sends_each_client_its_rho(f
     for message in strategy.configure_train(3, arrays, ConfigRecord(), None):
         pid = strategy.federation.partition_of(message.metadata.dst_node_id)
         assert read_instruction(message.content, TrainIns).plugin == PLUGIN
-        assert read_options(message.content, PLUGIN, SeGdIns).rho == {0: 0.25, 1: 0.5, 2: 0.75, 3: 1.0}[pid]
+        assert read_plugin_ins(message.content, PLUGIN, SeGdIns).rho == {0: 0.25, 1: 0.5, 2: 0.75, 3: 1.0}[pid]
 
 
 def test_own_upload_measures_each_update_from_the_clients_upload_before_and_static_keeps_cops(flower_identity):
@@ -271,7 +271,7 @@ def test_own_upload_measures_each_update_from_the_clients_upload_before_and_stat
     after_one = strategy.aggregate(uploads)  # round s1 = 1: the uploads are kept for the estimation
     assert sorted(strategy.previous_uploads) == [0, 1]
     messages = list(strategy.configure_train(2, after_one, ConfigRecord(), None))
-    options = [read_options(m.content, PLUGIN, SeGdIns) for m in messages]
+    options = [read_plugin_ins(m.content, PLUGIN, SeGdIns) for m in messages]
     assert len(options) == 4 and all(o.rho == 1.0 and o.keep_cop and o.mask == "static" for o in options)
     trained = replies({0: 2.5, 1: 4.0, 2: 3.0, 3: 3.5}, dict.fromkeys(range(4), 10))
     aggregate = strategy.aggregate(trained)
@@ -280,7 +280,7 @@ def test_own_upload_measures_each_update_from_the_clients_upload_before_and_stat
                                 {"w": aggregate["w"].numpy()}, ["w"], estimator="arithmetic_mean", seed=1,
                                 client_starts={pid: {"w": value.reshape(2, 2)} for pid, value in own.items()})
     assert strategy.estimate.distance == pytest.approx(expected.distance) and strategy.previous_uploads == {}
-    sent = [read_options(m.content, PLUGIN, SeGdIns) for m in strategy.configure_train(3, aggregate,
+    sent = [read_plugin_ins(m.content, PLUGIN, SeGdIns) for m in strategy.configure_train(3, aggregate,
                                                                                           ConfigRecord(), None)]
     assert sent and all(o.mask == "static" and not o.keep_cop for o in sent)
 
@@ -303,14 +303,14 @@ def test_the_oracle_needs_ground_truth_and_is_refused_with_the_config():
 
 def test_segd_options_round_trip_through_the_protocol():
     options = segd(rho=0.25, mask_params="all", strict_freeze=True)
-    content = instruction(TrainIns(5, TRAINING, plugin=PLUGIN), options=options, plugin=PLUGIN)
-    assert read_options(content, PLUGIN, SeGdIns) == options
+    content = instruction(TrainIns(5, TRAINING, plugin=PLUGIN), plugin_ins=options, plugin=PLUGIN)
+    assert read_plugin_ins(content, PLUGIN, SeGdIns) == options
     assert dict(content[PLUGIN]) == {"rho": 0.25, "mask-params": "all", "strict-freeze": True, "mask": "dynamic",
                                      "keep-cop": False}
     bad = RecordDict({PLUGIN: ConfigRecord({"rho": 1.5, "mask-params": "weights", "strict-freeze": False,
                                             "mask": "dynamic", "keep-cop": False})})
     with pytest.raises(ProtocolError, match="key 'rho' is invalid: allowed is a number >= 0.0 and <= 1.0"):
-        read_options(bad, PLUGIN, SeGdIns)
+        read_plugin_ins(bad, PLUGIN, SeGdIns)
 
 
 # --- settings --------------------------------------------------------------------------------------
@@ -375,7 +375,7 @@ def test_the_client_trains_at_rho_zero_and_returns_weights_and_stats_only(smoke_
     context = node_context(overrides, 3)
     options = segd(rho=0.0, strict_freeze=strict_freeze)
     content = instruction(TrainIns(1, TRAINING.but(weight_decay=weight_decay), plugin=PLUGIN), arrays=arrays,
-                          options=options, plugin=PLUGIN)
+                          plugin_ins=options, plugin=PLUGIN)
     reply = client_app.train(incoming(content, "train"), context)
     assert set(reply.content.keys()) == {"arrays", "metrics"} and not context.state.array_records
     steps = read_reply(reply.content, TrainStats, "client 3").steps
@@ -400,7 +400,7 @@ def test_the_static_mask_trains_only_the_top_of_the_clients_own_estimation_cop(s
     context = node_context(overrides, 3)
 
     def train(options: SeGdIns, start: ArrayRecord) -> ArrayRecord:
-        content = instruction(TrainIns(1, TRAINING, plugin=PLUGIN), arrays=start, options=options, plugin=PLUGIN)
+        content = instruction(TrainIns(1, TRAINING, plugin=PLUGIN), arrays=start, plugin_ins=options, plugin=PLUGIN)
         return client_app.train(incoming(content, "train"), context).content["arrays"]
 
     with pytest.raises(RuntimeError, match="client 3 has no CoP from an estimation round"):
@@ -426,7 +426,7 @@ def test_a_smoke_run_estimates_rho_that_ranks_clean_above_noisy(run_inprocess):
     assert rounds[3]["clients"] == list(range(10))
     block = payload["fedes"]
     assert block["estimated_at"] == 4 and sorted(block["rho"], key=int) == [str(pid) for pid in range(10)]
-    sent = [(message.metadata.dst_node_id, read_options(message.content, PLUGIN, SeGdIns).rho)
+    sent = [(message.metadata.dst_node_id, read_plugin_ins(message.content, PLUGIN, SeGdIns).rho)
             for message in grid.delivered if PLUGIN in message.content]
     assert len(sent) == 6 * 3
     assert all(rho == block["rho"][str(grid.node_ids.index(node))] for node, rho in sent)

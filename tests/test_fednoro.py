@@ -211,7 +211,7 @@ def test_a_client_keeps_no_state_a_recreated_node_trains_identically(prepared_ru
     def train(ctx: Context, server_round: int):
         options = FedNoRoIns(noisy=True, kd_weight=0.4, temperature=0.8, la_tau=1.0, absent_classes="neg_inf")
         content = instruction(TrainIns(server_round, local_training(lr=0.05, epochs=1, batch_size=16),
-                                       plugin="fednoro"), arrays=arrays, options=options, plugin="fednoro")
+                                       plugin="fednoro"), arrays=arrays, plugin_ins=options, plugin="fednoro")
         return read_arrays(client_app.train(incoming(content, "train"), ctx).content, "client 3").to_torch_state_dict()
 
     used = context()

@@ -19,7 +19,7 @@ from flwr.app import ArrayRecord, Context, RecordDict
 from client.label_state import current_labels
 from client.node import LocalNode
 from client.update import local_update
-from protocol.messages import SERVER, TrainIns, read_arrays, read_options
+from protocol.messages import SERVER, TrainIns, read_arrays, read_plugin_ins
 from task.hooks import TrainingHooks
 from task.local_training import TrainStats
 
@@ -52,7 +52,7 @@ class ClientPlugin:
 
     def instruction(self, content: RecordDict, cls: type[T]) -> T:
         """The plug-in's own instruction in a message, as ``cls``."""
-        return read_options(content, self.name, cls)
+        return read_plugin_ins(content, self.name, cls)
 
     def train(self, node: LocalNode, context: Context, ins: TrainIns, content: RecordDict) -> Trained:
         """Train from the message's arrays with ``ins``'s settings (plain: no hooks of a method's own)."""

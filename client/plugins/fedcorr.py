@@ -99,13 +99,13 @@ class FedCorrPlugin(ClientPlugin):
         """Local training (mixup and the proximal term come in ``ins.training``), then the LID score of
         the trained model's softmax outputs on the local set (evaluation transforms); when the
         instruction asks, the same pass's per-sample losses on the current labels are kept."""
-        options = self.instruction(content, Stage1Ins)
+        stage1 = self.instruction(content, Stage1Ins)
         trained = super().train(node, context, ins, content)
         losses, probabilities = loss_and_proba(trained.model, node.data.images, current_labels(context, node),
                                                node.eval_transform, device=node.device)
-        if options.keep_losses:
+        if stage1.keep_losses:
             store_local_losses(context, node, losses, ins.server_round)
-        return Trained(trained.model, trained.stats, LidRes(lid_score(probabilities, k=options.lid_k)))
+        return Trained(trained.model, trained.stats, LidRes(lid_score(probabilities, k=stage1.lid_k)))
 
     def queries(self) -> Mapping[str, QueryHandler]:
         """``query.correct``: label correction."""

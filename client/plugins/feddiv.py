@@ -1,4 +1,4 @@
-"""FedDiv's client side (Li et al., AAAI 2024, Sec. 3.3; ``../shared/methods.md`` section 3.3).
+"""FedDiv's client side (Li et al., AAAI 2024, Sec. 3.3; ``docs/feddiv.md``).
 
 Warm-up: mixup training (+ eta L_reg) on every sample. Main phase, each round:
 1. the received global model's per-sample losses on the given labels, min-max normalised;
@@ -46,7 +46,7 @@ from task.local_training import LocalTraining
 from task.noise_filter import FIXED_FILTER, NoiseFilter, clean_posterior, fit_filter, min_max, random_filter
 
 STATE_KEY = "feddiv-state"
-# The released code's selection rules (``pcs_code_rules``, C7): no relabelling or consistency
+# The released code's selection rules (``pcs_code_rules``): no relabelling or consistency
 # sampling before a client's 5th main-phase participation, and clean samples only up to delta_hat 0.2.
 CODE_RULE_PARTICIPATIONS = 5
 CODE_RULE_CLEAN_ONLY = 0.2
@@ -87,10 +87,10 @@ def store_state(context: Context, node: LocalNode, state: ClientState) -> None:
     save_record(context, STATE_KEY, node.partition_id, ArrayRecord(arrays))
 
 
-def _mixture_seed(options: FedDivIns, node: LocalNode | None, server_round: int, purpose: str) -> int:
+def _mixture_seed(feddiv: FedDivIns, node: LocalNode | None, server_round: int, purpose: str) -> int:
     # The code's random start is one filter for every client: its seed names no client.
     client = "" if node is None else f"/{node.partition_id}"
-    return int(rng_for(options.seed, f"feddiv-{purpose}/{server_round}{client}").integers(2**31))
+    return int(rng_for(feddiv.seed, f"feddiv-{purpose}/{server_round}{client}").integers(2**31))
 
 
 def _logits(model: torch.nn.Module, node: LocalNode) -> torch.Tensor:
@@ -114,19 +114,19 @@ def _scored_losses(model: torch.nn.Module, logits: torch.Tensor, node: LocalNode
     return filter_losses(logits, labels, params.filter_loss)
 
 
-def _splitting_filter(options: FedDivIns, node: LocalNode, server_round: int,
+def _splitting_filter(feddiv: FedDivIns, node: LocalNode, server_round: int,
                       normalised: np.ndarray) -> NoiseFilter:
     """The filter this round's split uses: the global one, or a stand-in (``filter_init``, or every
     round under ``filter_scope=local``)."""
-    params = options.params
+    params = feddiv.params
     if params.filter_scope != "local":
-        if options.filter is not None:
-            return options.filter
+        if feddiv.filter is not None:
+            return feddiv.filter
         if params.filter_init == "fixed":
             return FIXED_FILTER
         if params.filter_init == "code_random":
-            return random_filter(_mixture_seed(options, None, server_round, "random"))
-    return fit_filter(normalised, _mixture_seed(options, node, server_round, "bootstrap"))
+            return random_filter(_mixture_seed(feddiv, None, server_round, "random"))
+    return fit_filter(normalised, _mixture_seed(feddiv, node, server_round, "bootstrap"))
 
 
 @dataclass(frozen=True)
@@ -220,26 +220,26 @@ class FedDivPlugin(ClientPlugin):
     def train(self, node: LocalNode, context: Context, ins: TrainIns, content: RecordDict) -> Trained:
         """Warm-up: train on every sample. Main phase: split with the global filter, select, train on the
         consistent rows, move the prior and fit the local filter."""
-        options = self.instruction(content, FedDivIns)
+        feddiv = self.instruction(content, FedDivIns)
         state = read_arrays(content, SERVER).to_torch_state_dict()
         labels = current_labels(context, node)
-        if options.phase == "warmup":
-            model, stats = local_update(node, state, FedDivHooks(ins.training, ins.schedule, options),
+        if feddiv.phase == "warmup":
+            model, stats = local_update(node, state, FedDivHooks(ins.training, ins.schedule, feddiv),
                                         ins.server_round, labels=labels)
             return Trained(model, stats)
 
-        params, server_round = options.params, ins.server_round
+        params, server_round = feddiv.params, ins.server_round
         global_model = node.model_for_state(state.keys())
         global_model.load_state_dict(state)
         global_logits = _logits(global_model, node)
         probabilities = torch.softmax(global_logits, dim=1).numpy()
         normalised = _scored_losses(global_model, global_logits, node, labels, params, server_round, "global")
-        start = _splitting_filter(options, node, server_round, normalised)
+        start = _splitting_filter(feddiv, node, server_round, normalised)
         clean = clean_posterior(normalised, start) >= 0.5
         kept = load_state(context, node)
         chosen = select(params, labels, clean, probabilities, kept.participations)
         sampler = ConsistencySampler(chosen, params, kept, global_logits, probabilities.argmax(axis=1), node)
-        model, stats = local_update(node, state, FedDivHooks(ins.training, ins.schedule, options, sampler),
+        model, stats = local_update(node, state, FedDivHooks(ins.training, ins.schedule, feddiv, sampler),
                                     server_round, labels=chosen.train_labels)
         local_logits = _logits(model, node)
         store_state(context, node, ClientState(
@@ -248,10 +248,10 @@ class FedDivPlugin(ClientPlugin):
             # The code caches labels de-biased with the prior before this round's update.
             debiased=debiased_labels(local_logits, kept.prior, params.xi) if params.pcs_mode == "cached" else None))
         local_filter = fit_filter(_scored_losses(model, local_logits, node, labels, params, server_round, "local"),
-                                  _mixture_seed(options, node, server_round, "filter"), start=start,
+                                  _mixture_seed(feddiv, node, server_round, "filter"), start=start,
                                   max_iterations=params.em_iters)
         counts = None
-        if options.diagnostics and (node.data.true_labels >= 0).any():
+        if feddiv.diagnostics and (node.data.true_labels >= 0).any():
             counts = diagnostics(node.data.true_labels, labels, clean, chosen.relabeled, chosen.train_labels,
                                  sampler.trained, node.dataset.num_classes)
         report = FedDivRes(filter=local_filter, noise_estimate=float(1.0 - clean.mean()),

@@ -1,7 +1,7 @@
 """FedES's client side: selective gradient descent (SeGD) at the rho the server sends.
 
 Local SGD on the node's current labels with cross-entropy, every step's gradient masked and scaled
-by ``task.selective_gradient``. With the static mask (D4) the client keeps, from the estimation
+by ``task.selective_gradient``. With the static mask the client keeps, from the estimation
 round, the CoP of its own update over P (client state, on disk with a ``state-dir``; it never leaves
 the client) and masks the top max(1, floor(rho m)) of it in every SeGD round. The reply is the
 trained weights and the usual ``TrainRes``.

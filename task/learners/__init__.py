@@ -1,7 +1,7 @@
 """Local learners: the client's objective on one batch, one learner per module, found by name.
 
 Every round-based strategy trains with the learner its ``train.learner`` names; FedCorr's stage 1 uses
-``mixup``. The options are torch-free in ``task.learner_settings``.
+``mixup``. Their settings are torch-free in ``task.learner_settings``.
 """
 
 from __future__ import annotations

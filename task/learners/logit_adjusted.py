@@ -1,4 +1,4 @@
-"""FedNoRo's local objective (Wu et al., IJCAI 2023; ``../shared/methods.md`` section 2.3): the
+"""FedNoRo's local objective (Wu et al., IJCAI 2023; ``docs/fednoro.md``): the
 logit-adjusted cross-entropy, plus distillation from the frozen global model on noisy clients.
 
 Logit adjustment shifts the logits by tau * log(pi), pi the client's class frequencies under its

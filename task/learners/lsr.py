@@ -62,30 +62,30 @@ def entropy(p: torch.Tensor) -> torch.Tensor:
 
 
 def lsr_loss(o1: torch.Tensor, o2: torch.Tensor, labels: torch.Tensor, lam: float, weight: float,
-             options: LsrSettings) -> BatchLoss:
+             settings: LsrSettings) -> BatchLoss:
     """The LSR objective of the two views' logits ``o1``, ``o2`` with mixing weight ``lam`` and
     distillation weight ``weight`` (gamma_t); reports Loss_cls."""
     mixed = lam * torch.softmax(o1, dim=1) + (1 - lam) * torch.softmax(o2, dim=1)
-    cls = classification_loss(sharpen(mixed, options.sharpen_temperature), labels, options.cls_loss)
+    cls = classification_loss(sharpen(mixed, settings.sharpen_temperature), labels, settings.cls_loss)
     objective = cls
-    if options.distill != "none" and weight > 0:
-        q1, q2 = tempered(o1, options.distill_temperature), tempered(o2, options.distill_temperature)
-        objective = objective + weight * distillation(q1, q2, options.distill, options.reduction)
-    if options.entropy_weight > 0:
-        if options.entropy_form == "tempered":
+    if settings.distill != "none" and weight > 0:
+        q1, q2 = tempered(o1, settings.distill_temperature), tempered(o2, settings.distill_temperature)
+        objective = objective + weight * distillation(q1, q2, settings.distill, settings.reduction)
+    if settings.entropy_weight > 0:
+        if settings.entropy_form == "tempered":
             # The released code: the entropy of a softmax of the already tempered, clamped q1.
-            term = entropy(torch.softmax(tempered(o1, options.distill_temperature), dim=1))
+            term = entropy(torch.softmax(tempered(o1, settings.distill_temperature), dim=1))
         else:
             term = (entropy(torch.softmax(o1, dim=1)) + entropy(torch.softmax(o2, dim=1))) / 2
-        objective = objective + options.entropy_weight * term
+        objective = objective + settings.entropy_weight * term
     return BatchLoss(objective, cls)
 
 
 class LocalSelfRegularisation:
-    """The LSR learner with ``options`` at this round's distillation ``weight`` (gamma_t)."""
+    """The LSR learner with ``settings`` at this round's distillation ``weight`` (gamma_t)."""
 
-    def __init__(self, options: LsrSettings, weight: float, generator: torch.Generator) -> None:
-        self.options = options
+    def __init__(self, settings: LsrSettings, weight: float, generator: torch.Generator) -> None:
+        self.settings = settings
         self.weight = weight
         self._rng = beta_stream(generator)
 
@@ -93,6 +93,6 @@ class LocalSelfRegularisation:
         """Both views through ``model``, one lambda ~ Beta(1, 1) for the batch (the released code)."""
         original = batch.inputs()
         augmented = batch.transform(second_view(batch.images, batch.generator,
-                                                self.options.augment_draw == "sample"), batch.generator)
+                                                self.settings.augment_draw == "sample"), batch.generator)
         lam = float(self._rng.beta(1.0, 1.0))
-        return lsr_loss(model(original), model(augmented), batch.labels, lam, self.weight, self.options)
+        return lsr_loss(model(original), model(augmented), batch.labels, lam, self.weight, self.settings)

@@ -21,20 +21,20 @@ def reverse_cross_entropy(logits: torch.Tensor, labels: torch.Tensor, label_floo
     return -(p * q.log()).sum(dim=1)
 
 
-def symmetric_cross_entropy(logits: torch.Tensor, labels: torch.Tensor, options: SceSettings) -> torch.Tensor:
+def symmetric_cross_entropy(logits: torch.Tensor, labels: torch.Tensor, settings: SceSettings) -> torch.Tensor:
     """Alpha CE + beta RCE, averaged over the batch."""
     ce = F.cross_entropy(logits, labels)
-    rce = reverse_cross_entropy(logits, labels, options.label_floor).mean()
-    return options.alpha * ce + options.beta * rce
+    rce = reverse_cross_entropy(logits, labels, settings.label_floor).mean()
+    return settings.alpha * ce + settings.beta * rce
 
 
 class SymmetricCrossEntropy:
-    """The SCE learner with ``options``."""
+    """The SCE learner with ``settings``."""
 
-    def __init__(self, options: SceSettings) -> None:
-        self.options = options
+    def __init__(self, settings: SceSettings) -> None:
+        self.settings = settings
 
     def __call__(self, model: nn.Module, batch: Batch) -> BatchLoss:
         """The batch's symmetric cross-entropy."""
-        loss = symmetric_cross_entropy(model(batch.inputs()), batch.labels, self.options)
+        loss = symmetric_cross_entropy(model(batch.inputs()), batch.labels, self.settings)
         return BatchLoss(loss, loss)
