@@ -1,14 +1,16 @@
-"""FedCorr Fig. 4 on Fashion-MNIST: FedDyn, Median and Power-of-Choice alone and with FedCorr's first
-two stages, beside FedAvg and FedProx, all at one communication budget.
+"""The round-based strategies at one communication budget, alone and as FedCorr's stage 3 (FedCorr
+Fig. 4 on Fashion-MNIST, extended to every registered round-based strategy).
 
     .venv/bin/python bench/strategies_fmnist.py [--rhos 0.4 0.6 0.8] [--tau 0.5] [--budget 600]
-                                                [--experiment fmnist] [--methods NAME ...]
+                                                [--experiment fmnist] [--methods NAME ... | --figure4]
                                                 [--reuse | --report]
                                                 [-- Hydra overrides]
 
-For every rho: FedAvg, FedProx, FedDyn, FedMedian and PoC standalone, and FedCorr with stage 3 =
-FedDyn, FedMedian and PoC, each spending exactly ``--budget`` client participations (``comm_budget``;
-FedCorr's stage 3 gets what its stages 1-2 leave). Defaults: experiment=fmnist (100 clients IID,
+For every rho: every round-based strategy of the registry standalone (FedAvg, FedProx, FedDyn,
+FedMedian, PoC, FedLSR, and any added since), and FedCorr with each of them but FedAvg as its stage 3
+(FedCorr with FedAvg is FedCorr itself), each spending exactly ``--budget`` client participations
+(``comm_budget``; FedCorr's stage 3 gets what its stages 1-2 leave). ``--figure4``: only the paper's
+Fig. 4 columns. Defaults: experiment=fmnist (100 clients IID,
 LeNet-5) and the strategies' conf/ settings. Prints best (and final) test accuracy per method and
 the share of participations that went to noisy clients (Power-of-Choice favours high loss), and
 what FedCorr's stages 1-2 reached (a FedCorr run's best may come from them rather than stage 3); every
@@ -32,9 +34,12 @@ from data.scene import SCENE_FILE, Scene  # noqa: E402
 # FedCorr's own stages: every client trains in stage 1, only clean ones in stage 2.
 FEDCORR_STAGES = ("preprocess", "finetune")
 
-STANDALONE = ("fedavg", "fedprox", "feddyn", "fedmedian", "poc")
-WITH_FEDCORR = ("feddyn", "fedmedian", "poc")
+from strategies.fedcorr import stage3_classes  # noqa: E402
+
+STANDALONE = tuple(stage3_classes())
+WITH_FEDCORR = tuple(name for name in STANDALONE if name != "fedavg")
 COLUMNS = (*STANDALONE, *(f"fedcorr+{name}" for name in WITH_FEDCORR))
+FIGURE4 = ("fedavg", "fedprox", "feddyn", "fedmedian", "poc", "fedcorr+feddyn", "fedcorr+fedmedian", "fedcorr+poc")
 
 
 def main() -> None:
@@ -46,12 +51,14 @@ def main() -> None:
     parser.add_argument("--experiment", default="fmnist", help="conf/experiment preset (smoke: a quick check)")
     parser.add_argument("--methods", nargs="+", choices=COLUMNS, default=list(COLUMNS), metavar="NAME",
                         help=f"the columns to run or report, of {', '.join(COLUMNS)} (default: all)")
+    parser.add_argument("--figure4", action="store_true", help="only the columns of FedCorr's Fig. 4: "
+                                                                + ", ".join(FIGURE4))
     parser.add_argument("--reuse", action="store_true", help="reuse finished runs with the same config")
     parser.add_argument("--report", action="store_true",
                         help="run nothing: print the table of the runs finished so far ('-' for the others)")
     parser.add_argument("overrides", nargs="*", default=[])
     args = parser.parse_args()
-    columns = [name for name in COLUMNS if name in args.methods]
+    columns = [name for name in COLUMNS if name in (FIGURE4 if args.figure4 else args.methods)]
     plan = plan_cells(args.rhos, args.tau, args.budget, args.experiment, columns, args.overrides)
     check_all(list(plan.values()), args.reuse or args.report)
     table: dict[str, dict[str, dict | None]] = {rho: {} for rho in args.rhos}
