@@ -1,0 +1,133 @@
+"""SCAFFOLD: the server step and the client's corrected steps on hand-checkable inputs, option II's
+control variate, and whole runs over the test grid, standalone and as FedCorr's stage 3."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+from defaults import local_training
+from torch import nn
+
+from client.plugins.scaffold import STATE_KEY, ControlVariates, updated_control
+from common.errors import ConfigError
+from data.transforms import BatchTransform, TransformSpec
+from server.config import load_run
+from settings.compose import compose_config
+from strategies.scaffold import scaffold_server_step
+from task.learner_settings import LearnerSchedule
+from task.training import train_local
+
+RAW = ((0.0,), (1 / 255,))  # mean 0, std 1/255: the transform leaves pixel values as they are
+PIXELS = np.array([[10, 0], [0, 10], [5, 6], [7, 3]], dtype=np.uint8)
+LABELS = np.array([0, 1, 0, 0])
+SMOKE = "experiment=smoke strategy.train.epochs=1"
+
+
+def pixel_model() -> nn.Module:
+    """Logits = the two raw pixels of a (1, 1, 2) image."""
+    model = nn.Sequential(nn.Flatten(), nn.Linear(2, 2))
+    with torch.no_grad():
+        model[1].weight.copy_(torch.eye(2))
+        model[1].bias.zero_()
+    return model
+
+
+def flat(tensors) -> torch.Tensor:
+    return torch.cat([t.detach().flatten() for t in tensors])
+
+
+def test_the_server_steps_x_by_the_mean_update_and_c_by_the_sum_of_changes_over_all_clients():
+    start = {"w": np.array([1.0, 1.0], np.float32), "bn.mean": np.array([0.0], np.float32)}
+    states = [{"w": np.array([3.0, 1.0], np.float32), "bn.mean": np.array([2.0], np.float32)},
+              {"w": np.array([1.0, 5.0], np.float32), "bn.mean": np.array([4.0], np.float32)}]
+    control = {"w": np.array([0.5, 0.5], np.float32)}
+    changes = [{"w": np.array([1.0, 2.0], np.float32)}, {"w": np.array([3.0, -2.0], np.float32)}]
+    new, c = scaffold_server_step(start, states, control, changes, global_lr=0.5, num_clients=8)
+    # mean update (1, 2); x + 0.5 * (1, 2)
+    np.testing.assert_allclose(new["w"], [1.5, 2.0])
+    np.testing.assert_allclose(new["bn.mean"], [3.0])  # a buffer: the plain mean
+    np.testing.assert_allclose(c["w"], [0.5 + 4.0 / 8, 0.5 + 0.0 / 8])
+    assert new["w"].dtype == np.float32 and c["w"].dtype == np.float32
+
+
+def test_every_gradient_is_corrected_by_c_minus_c_i():
+    x = torch.from_numpy(PIXELS).float()
+    lr = 0.1
+    reference = pixel_model()
+    grad = torch.autograd.grad(F.cross_entropy(reference(x), torch.from_numpy(LABELS)), list(reference.parameters()))
+    correction = [torch.full_like(p, 0.25) + torch.arange(p.numel()).reshape(p.shape) for p in reference.parameters()]
+    model = pixel_model()
+    start = flat(model.parameters()).clone()
+    cfg = local_training(lr=lr, momentum=0.0, epochs=1, batch_size=4)
+    train_local(model, PIXELS.reshape(4, 1, 1, 2), LABELS, BatchTransform(TransformSpec(), *RAW, train=True),
+                ControlVariates(cfg, LearnerSchedule(), correction), generator=torch.Generator().manual_seed(0))
+    torch.testing.assert_close(flat(model.parameters()), start - lr * (flat(grad) + flat(correction)))
+
+
+def test_option_two_after_one_plain_step_is_the_gradient_at_x():
+    x, lr = torch.from_numpy(PIXELS).float(), 0.1
+    model = pixel_model()
+    start = {name: p.detach().clone() for name, p in model.named_parameters()}
+    loss = F.cross_entropy(model(x), torch.from_numpy(LABELS))
+    grads = dict(zip(start, torch.autograd.grad(loss, list(model.parameters()))))
+    with torch.no_grad():
+        trained = {name: start[name] - lr * grads[name] for name in start}
+    zeros = {name: torch.zeros_like(value) for name, value in start.items()}
+    new = updated_control(zeros, zeros, start, trained, steps=1, lr=lr)
+    for name in start:
+        torch.testing.assert_close(new[name], grads[name])
+    # c_i+ = c_i - c + (x - y) / (K lr); a client that took no step keeps c_i.
+    own, control = {n: v + 1.0 for n, v in zeros.items()}, {n: v + 3.0 for n, v in zeros.items()}
+    moved = updated_control(own, control, start, trained, steps=2, lr=lr)
+    for name in start:
+        torch.testing.assert_close(moved[name], own[name] - control[name] + grads[name] / 2)
+    assert updated_control(own, control, start, trained, steps=0, lr=lr) == own
+
+
+def client_controls(grid, num_clients: int) -> dict[int, dict[str, np.ndarray]]:
+    """Each client's kept control variate c_i (clients that never trained have none)."""
+    found = {}
+    for pid in range(num_clients):
+        records = grid.context_of(pid).state.array_records
+        if STATE_KEY in records:
+            found[pid] = {name: array.numpy() for name, array in records[STATE_KEY].items()}
+    return found
+
+
+def test_a_run_keeps_c_equal_to_the_mean_of_every_clients_c_i(run_inprocess):
+    """The server's c starts at 0 and gains (1/N) sum (c_i+ - c_i) while each c_i gains its own change: after
+    any round c = (1/N) sum over all N clients of c_i (0 for a client that never trained)."""
+    payload, grid = run_inprocess(f"{SMOKE} strategy=scaffold strategy.num_rounds=4")
+    assert [row["stage"] for row in payload["rounds"]] == ["scaffold"] * 4
+    assert [row["comm_cost"] for row in payload["rounds"]] == [3, 6, 9, 12]
+    controls = client_controls(grid, 10)
+    assert set(controls) == {pid for row in payload["rounds"] for pid in row["clients"]}
+    names = next(iter(controls.values())).keys()
+    mean = {name: sum(c[name].astype(np.float64) for c in controls.values()) / 10 for name in names}
+    expected_norm = float(np.sqrt(sum(np.sum(value ** 2) for value in mean.values())))
+    assert payload["scaffold"]["control_norm"] == pytest.approx(expected_norm, rel=1e-5)
+    assert expected_norm > 0 and payload["scaffold"]["global_lr"] == 1.0
+    assert payload["complete"] and payload["summary"]["best_acc"] > 0.3
+
+
+def test_scaffold_runs_as_fedcorrs_stage_3(run_inprocess):
+    payload, grid = run_inprocess(f"{SMOKE} strategy.t1=1 strategy.t2=1 strategy.t3=2 strategy.stage3=scaffold")
+    usual = [row for row in payload["rounds"] if row["stage"] == "usual"]
+    assert len(usual) == 2 and "scaffold" in payload and payload["scaffold"]["control_norm"] > 0
+    assert set(client_controls(grid, 10)) == {pid for row in usual for pid in row["clients"]}
+
+
+@pytest.mark.parametrize("overrides", [
+    ["strategy=scaffold", "strategy.train.learner=coteaching", "strategy.train.coteaching.forget_rate=0.3"],
+    ["strategy.stage3=scaffold", "strategy.stage3_learner=coteaching", "strategy.train.coteaching.forget_rate=0.3"],
+])
+def test_control_variates_of_one_network_refuse_a_two_network_learner(overrides):
+    with pytest.raises(ConfigError, match="scaffold works with one network"):
+        load_run(compose_config(["experiment=smoke", *overrides]))
+
+
+def test_global_lr_must_be_positive():
+    with pytest.raises(ConfigError, match=r"^strategy.global_lr=0 is invalid: allowed is a number > 0.0$"):
+        load_run(compose_config(["experiment=smoke", "strategy=scaffold", "strategy.global_lr=0"]))
