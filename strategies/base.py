@@ -14,6 +14,7 @@ from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDic
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Result, Strategy
 
+from common.errors import ConfigError
 from common.validation import Checked
 from protocol.codec import ProtocolError
 from protocol.messages import read_arrays, read_reply
@@ -109,8 +110,12 @@ class FederatedStrategy(Strategy):
     settings: StrategySettings
     min_client_samples: ClassVar[int] = 1
     """The fewest samples a client may hold (LID needs a neighbour, a loss mixture two losses)."""
+    needs_parameter_names: ClassVar[bool] = False
+    """Whether its state or its clients' follows the model's parameters by name (``context.parameter_names``)."""
 
     def __init__(self, settings: StrategySettings, context: StrategyContext) -> None:
+        if self.needs_parameter_names and not context.parameter_names:
+            raise ConfigError(f"{self.name} needs the model's parameter names; none were given")
         self.settings = settings
         self.context = context
         self.rng = context.rng

@@ -70,6 +70,8 @@ class FedAvg(FederatedStrategy):
     """Whether it works with a learner that trains two networks (Co-teaching)."""
     stage3: ClassVar[bool] = True
     """Whether FedCorr may run it as its stage 3."""
+    plugin: ClassVar[str] = ""
+    """The client plug-in its clients train with (``""``: plain local training)."""
 
     def __init__(self, settings: RoundSettings, context: StrategyContext, stage: str | None = None) -> None:
         super().__init__(settings, context)
@@ -120,7 +122,7 @@ class FedAvg(FederatedStrategy):
     def train_instruction(self, server_round: int) -> TrainIns:
         """What this round's clients are told to do (subclasses change the training or the plug-in):
         the local training and the learner's values for this strategy's round."""
-        return TrainIns(server_round=server_round, training=self.train,
+        return TrainIns(server_round=server_round, training=self.train, plugin=self.plugin,
                         schedule=self.train.schedule_at(self.stage_rounds))
 
     def starting_arrays(self, arrays: ArrayRecord) -> ArrayRecord:

@@ -16,7 +16,6 @@ from dataclasses import dataclass, replace
 import numpy as np
 from flwr.app import ArrayRecord
 
-from common.errors import ConfigError
 from common.validation import Interval, option
 from protocol.feddyn import PLUGIN, FedDynIns
 from protocol.messages import TrainIns
@@ -69,18 +68,18 @@ class FedDyn(FedAvg):
     name = "feddyn"
     settings: FedDynSettings
     two_networks = False
+    plugin = PLUGIN
+    needs_parameter_names = True
 
     def __init__(self, settings: FedDynSettings, context: StrategyContext, stage: str | None = None) -> None:
         super().__init__(settings, context, stage)
-        if not context.parameter_names:
-            raise ConfigError("FedDyn needs the model's parameter names; none were given")
         self.h: dict[str, np.ndarray] = {}
 
     def train_instruction(self, server_round: int) -> TrainIns:
-        """FedAvg's instruction for the FedDyn plug-in, at this FedDyn round's decayed learning rate."""
+        """FedAvg's instruction at this FedDyn round's decayed learning rate."""
         ins = super().train_instruction(server_round)
         lr = self.train.lr * self.settings.lr_decay ** self.stage_rounds
-        return replace(ins, training=ins.training.but(lr=lr), plugin=PLUGIN)
+        return replace(ins, training=ins.training.but(lr=lr))
 
     def plugin_ins(self, pid: int) -> FedDynIns:
         """The FedDyn plug-in's ``alpha``."""

@@ -21,7 +21,7 @@ import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, Message
 from flwr.serverapp import Grid
 
-from common.errors import ConfigError, InvalidValue
+from common.errors import InvalidValue
 from common.validation import Flag, Interval, Options, option
 from protocol.fedes import MASK_SOURCES, PLUGIN, SeGdIns
 from protocol.messages import TRAIN, instruction
@@ -139,12 +139,11 @@ class FedES(FedAvg):
     name = "fedes"
     settings: FedESSettings
     stage3 = False
+    needs_parameter_names = True
 
     def __init__(self, settings: FedESSettings, context: StrategyContext, stage: str | None = None) -> None:
         super().__init__(settings, context, stage or PRETRAIN)
         self.num_rounds = settings.total_rounds(context.num_clients, context.comm_budget)
-        if not context.parameter_names:
-            raise ConfigError("FedES needs the model's parameter names; none were given")
         if settings.rho_source == "oracle" and context.truth is None:
             raise InvalidValue("strategy.rho_source", settings.rho_source,
                                "allowed is estimate without ground truth: oracle reads the scene's true noise")

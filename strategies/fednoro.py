@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Collection, Iterable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -38,7 +38,7 @@ from protocol.fednoro import (
     ClassLossRes,
     FedNoRoIns,
 )
-from protocol.messages import TrainIns, instruction, read_reply
+from protocol.messages import instruction, read_reply
 from strategies.aggregation import as_record, weighted_average
 from strategies.base import TrainReply
 from strategies.context import StrategyContext
@@ -136,6 +136,7 @@ class FedNoRo(FedAvg):
     learner = "ce"
     two_networks = False
     stage3 = False
+    plugin = PLUGIN
 
     def __init__(self, settings: FedNoRoSettings, context: StrategyContext, stage: str | None = None) -> None:
         super().__init__(settings, context, stage or WARMUP)
@@ -146,10 +147,6 @@ class FedNoRo(FedAvg):
         self.agreement: float | None = None
         self.scores: dict[int, float] = {}
         self.queries = 0
-
-    def train_instruction(self, server_round: int) -> TrainIns:
-        """FedAvg's instruction for the FedNoRo plug-in."""
-        return replace(super().train_instruction(server_round), plugin=PLUGIN)
 
     def plugin_ins(self, pid: int) -> FedNoRoIns:
         """Client ``pid``'s role and lambda_t this round (0 for clean clients and in the warm-up)."""

@@ -12,15 +12,14 @@ and averages buffers (BatchNorm's statistics) plainly. ``docs/scaffold.md`` maps
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 from flwr.app import ArrayRecord, RecordDict
 
-from common.errors import ConfigError
 from common.validation import Interval, option
-from protocol.messages import TrainIns, read_plugin_arrays
+from protocol.messages import read_plugin_arrays
 from protocol.scaffold import PLUGIN
 from strategies.aggregation import as_numpy, as_record, weighted_average
 from strategies.base import TrainReply
@@ -68,16 +67,12 @@ class Scaffold(FedAvg):
     name = "scaffold"
     settings: ScaffoldSettings
     two_networks = False
+    plugin = PLUGIN
+    needs_parameter_names = True
 
     def __init__(self, settings: ScaffoldSettings, context: StrategyContext, stage: str | None = None) -> None:
         super().__init__(settings, context, stage)
-        if not context.parameter_names:
-            raise ConfigError("SCAFFOLD needs the model's parameter names; none were given")
         self.control: dict[str, np.ndarray] = {}
-
-    def train_instruction(self, server_round: int) -> TrainIns:
-        """FedAvg's instruction for the SCAFFOLD plug-in."""
-        return replace(super().train_instruction(server_round), plugin=PLUGIN)
 
     def plugin_arrays(self, pid: int) -> ArrayRecord:
         """The server control variate c (zeros, shaped like the parameters, before the first round)."""

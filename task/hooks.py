@@ -20,6 +20,16 @@ from task.learners import Learner, make_learner
 from task.local_training import LocalTraining
 
 
+def beside_parameters(tensors: Sequence[torch.Tensor], model: nn.Module, what: str) -> list[torch.Tensor]:
+    """Private copies of ``tensors`` (one per parameter of ``model``, in order) on each parameter's
+    device and dtype, refused when their shapes differ from the parameters'. Copies, so they can never
+    alias (and move with) the parameters being trained."""
+    params = list(model.parameters())
+    if [tuple(t.shape) for t in tensors] != [tuple(p.shape) for p in params]:
+        raise RuntimeError(f"{what} does not match the model's parameters")
+    return [t.detach().to(device=p.device, dtype=p.dtype, copy=True) for t, p in zip(tensors, params)]
+
+
 def proximal(params: Sequence[nn.Parameter], anchor: Sequence[torch.Tensor], squared: bool) -> torch.Tensor:
     """||w - anchor|| over all parameters, squared or not."""
     # vector_norm's gradient at 0 is 0 (a subgradient), so the first step, where w == anchor, stays

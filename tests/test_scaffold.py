@@ -8,7 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from defaults import local_training
-from torch import nn
+from pixels import LABELS, PIXELS, RAW, pixel_model
 
 from client.plugins.scaffold import STATE_KEY, ControlVariates, updated_control
 from common.errors import ConfigError
@@ -19,19 +19,7 @@ from strategies.scaffold import scaffold_server_step
 from task.learner_settings import LearnerSchedule
 from task.training import train_local
 
-RAW = ((0.0,), (1 / 255,))  # mean 0, std 1/255: the transform leaves pixel values as they are
-PIXELS = np.array([[10, 0], [0, 10], [5, 6], [7, 3]], dtype=np.uint8)
-LABELS = np.array([0, 1, 0, 0])
 SMOKE = "experiment=smoke strategy.train.epochs=1"
-
-
-def pixel_model() -> nn.Module:
-    """Logits = the two raw pixels of a (1, 1, 2) image."""
-    model = nn.Sequential(nn.Flatten(), nn.Linear(2, 2))
-    with torch.no_grad():
-        model[1].weight.copy_(torch.eye(2))
-        model[1].bias.zero_()
-    return model
 
 
 def flat(tensors) -> torch.Tensor:

@@ -10,6 +10,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from defaults import composed, local_training
+from pixels import RAW, pixel_model
 from torch import nn
 
 from client.plugins.feddyn import LinearTerm
@@ -33,8 +34,6 @@ from task.training import train_local
 
 N_TRAIN = 300
 FAST = local_training(lr=0.05, epochs=3)
-# mean 0 and std 1/255 make the normalised input the raw pixel value, for hand-checkable cases.
-RAW = ((0.0,), (1 / 255,))
 
 
 @pytest.fixture(scope="module")
@@ -68,15 +67,6 @@ def _gen(seed: int) -> torch.Generator:
 
 def _flat(model: nn.Module) -> torch.Tensor:
     return torch.cat([p.detach().flatten() for p in model.parameters()])
-
-
-def _pixel_model() -> nn.Module:
-    """Logits = the two raw pixels of a (1, 1, 2) image."""
-    model = nn.Sequential(nn.Flatten(), nn.Linear(2, 2))
-    with torch.no_grad():
-        model[1].weight.copy_(torch.eye(2))
-        model[1].bias.zero_()
-    return model
 
 
 def _train(local, cfg: LocalTraining = FAST, seed: int = 0, hooks: TrainingHooks | None = None
@@ -137,7 +127,7 @@ def test_two_steps_follow_cross_entropy_plus_the_weighted_proximal_gradient(norm
     labels = np.array([0, 1, 0, 0])
     x, y = torch.from_numpy(pixels).float(), torch.from_numpy(labels)
     lr, weight = 0.1, 3.0
-    reference = _pixel_model()
+    reference = pixel_model()
     start = _flat(reference).clone()
     params = list(reference.parameters())
     for step in range(2):
@@ -149,7 +139,7 @@ def test_two_steps_follow_cross_entropy_plus_the_weighted_proximal_gradient(norm
             torch.nn.utils.vector_to_parameters(_flat(reference) - lr * grad, params)
 
     cfg = local_training(lr=lr, momentum=0.0, epochs=2, batch_size=4, prox_weight=weight, prox_norm=norm)
-    model = _pixel_model()
+    model = pixel_model()
     model.eval()
     train_local(model, pixels.reshape(4, 1, 1, 2), labels, BatchTransform(TransformSpec(), *RAW, train=True),
                 TrainingHooks(cfg), generator=_gen(0))
@@ -160,7 +150,7 @@ def test_two_steps_follow_cross_entropy_plus_the_weighted_proximal_gradient(norm
 def test_adams_first_step_moves_every_weight_by_the_learning_rate_against_its_gradient() -> None:
     pixels = np.array([[10, 0], [0, 10], [5, 6], [7, 3]], dtype=np.uint8)
     labels = np.array([0, 1, 0, 0])
-    model = _pixel_model()
+    model = pixel_model()
     start = _flat(model).clone()
     ce = F.cross_entropy(model(torch.from_numpy(pixels).float()), torch.from_numpy(labels))
     grad = torch.cat([g.flatten() for g in torch.autograd.grad(ce, list(model.parameters()))])
@@ -284,7 +274,7 @@ def test_evaluation_metrics_on_a_hand_checkable_case() -> None:
     images = pixels.reshape(4, 1, 1, 2)
     labels = np.array([0, 1, 0, 0])  # argmax is 0, 1, 1, 0: three right
     transform = BatchTransform(TransformSpec(), *RAW, train=False)
-    model = _pixel_model()
+    model = pixel_model()
     logits = pixels.astype(np.float64)
     expected_loss = np.log(np.exp(logits).sum(axis=1)) - logits[np.arange(4), labels]
 
@@ -422,7 +412,7 @@ def test_feddyn_linear_term_shifts_one_step_by_lr_times_the_correction() -> None
     cfg = local_training(lr=0.1, momentum=0.0, epochs=1, batch_size=4, prox_weight=0.5)
     results = []
     for scale in (0.0, 1.0):
-        model = _pixel_model()
+        model = pixel_model()
         correction = [scale * torch.full_like(p, 0.25) + scale * torch.arange(p.numel()).reshape(p.shape)
                       for p in model.parameters()]
         train_local(model, pixels.reshape(4, 1, 1, 2), labels, transform,
@@ -433,7 +423,7 @@ def test_feddyn_linear_term_shifts_one_step_by_lr_times_the_correction() -> None
 
 
 def test_feddyn_linear_terms_must_match_the_parameters() -> None:
-    model = _pixel_model()
+    model = pixel_model()
     before = _flat(model).clone()
     cfg = local_training(lr=0.1, epochs=1)
     transform = BatchTransform(TransformSpec(), *RAW, train=True)

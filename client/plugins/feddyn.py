@@ -22,7 +22,7 @@ from client.state_store import load_parameter_arrays, save_parameter_arrays
 from client.update import local_update
 from protocol.feddyn import PLUGIN, FedDynIns
 from protocol.messages import SERVER, TrainIns, read_arrays
-from task.hooks import TrainingHooks
+from task.hooks import TrainingHooks, beside_parameters
 from task.learner_settings import LearnerSchedule
 from task.local_training import LocalTraining
 
@@ -47,12 +47,7 @@ class LinearTerm(TrainingHooks):
     def on_train_start(self, model: torch.nn.Module) -> None:
         """Keep device copies of g_k beside the parameters they pair with."""
         super().on_train_start(model)
-        params = list(model.parameters())
-        if [tuple(g.shape) for g in self.correction] != [tuple(p.shape) for p in params]:
-            raise RuntimeError("FedDyn's correction does not match the model's parameters")
-        # Copies, so they can never alias (and move with) the parameters being trained.
-        self._linear = [g.detach().to(device=p.device, dtype=p.dtype, copy=True)
-                        for g, p in zip(self.correction, params)]
+        self._linear = beside_parameters(self.correction, model, "FedDyn's correction")
 
     def extra_losses(self, params: Sequence[torch.nn.Parameter]) -> Iterator[torch.Tensor]:
         """The proximal term, then -<g_k, w>."""

@@ -22,7 +22,7 @@ from client.state_store import load_parameter_arrays, save_parameter_arrays
 from client.update import local_update
 from protocol.messages import SERVER, TrainIns, read_arrays, read_plugin_arrays
 from protocol.scaffold import PLUGIN
-from task.hooks import TrainingHooks
+from task.hooks import TrainingHooks, beside_parameters
 from task.learner_settings import LearnerSchedule
 from task.local_training import LocalTraining
 
@@ -41,10 +41,7 @@ class ControlVariates(TrainingHooks):
     def on_train_start(self, model: torch.nn.Module) -> None:
         """Keep the correction beside the parameters it applies to."""
         super().on_train_start(model)
-        params = list(model.parameters())
-        if [tuple(c.shape) for c in self.correction] != [tuple(p.shape) for p in params]:
-            raise RuntimeError("SCAFFOLD's control variates do not match the model's parameters")
-        self._on_device = [c.to(device=p.device, dtype=p.dtype) for c, p in zip(self.correction, params)]
+        self._on_device = beside_parameters(self.correction, model, "SCAFFOLD's control variates")
 
     def after_backward(self, model: torch.nn.Module) -> None:
         """Add c - c_i to every gradient."""
