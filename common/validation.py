@@ -7,8 +7,8 @@ declares each field with ``option(constraint, meaning)`` and is checked once, on
 the manner of scikit-learn's parameter constraints; ``Checked.check`` adds what involves several
 fields. ``from_mapping`` builds such a class from a config block and names a bad value by its full
 config key. Every refusal is one ``InvalidValue``, whose message ``<key>=<value> is invalid:
-<allowed>`` is formatted in ``common.errors``; ``invalid_values`` gives, for tests, values each
-constraint refuses.
+<allowed>`` is formatted in ``common.errors`` from the constraint's ``allowed()``; a constraint's
+``invalid()`` gives, for tests, values it refuses.
 """
 
 from __future__ import annotations

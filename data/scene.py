@@ -267,19 +267,13 @@ class Component:
 
 @dataclass(frozen=True)
 class SceneSpec(Checked):
-    """Everything a scene is drawn from; checked when built, so a bad value fails before any work.
+    """Everything a scene is drawn from; checked when built, so a bad value fails before any work."""
 
-    dataset: the data the scene indexes into.
-    num_clients: how many clients share the training split; seed: the run's seed (partition and
-        noise draw from their own named streams of it).
-    partition, noise: the partitioner and the label-noise model (``data.partition``, ``data.noise``).
-    """
-
-    dataset: DatasetSource
-    num_clients: int = option(Interval(int, 1))
-    seed: int = option(SEED)
-    partition: Component = field(default_factory=lambda: Component("iid"))
-    noise: Component = field(default_factory=lambda: Component("none"))
+    dataset: DatasetSource = option(meaning="the data the scene indexes into")
+    num_clients: int = option(Interval(int, 1), "how many clients share the training split")
+    seed: int = option(SEED, "the run's seed (partition and noise draw from their own named streams of it)")
+    partition: Component = option(meaning="the partitioner and its parameters (data.partition)")
+    noise: Component = option(meaning="the label-noise model and its parameters (data.noise)")
 
     def check(self) -> None:
         """The partitioner and the noise model must take their parameters."""

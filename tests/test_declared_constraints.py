@@ -14,7 +14,7 @@ import pytest
 from defaults import composed
 
 from common.errors import ConfigError
-from common.validation import FLAT, Constraint, constraints, nested_type
+from common.validation import FLAT, MEANING, Constraint, constraints, nested_type
 from data.noise import NOISE_MODELS
 from data.partition import PARTITIONERS
 from data.registry import Registry
@@ -88,6 +88,28 @@ def options() -> Iterator[tuple[tuple[str, ...], str, Constraint]]:
 
 CASES = [pytest.param(overrides, key, value, constraint, id=f"{' '.join(overrides)} {key}={value!r}")
          for overrides, key, constraint in options() for value in constraint.invalid()]
+
+
+def settings_classes() -> set[type]:
+    """Every settings class the config reaches: the run's blocks and each strategy's, nested ones too."""
+    found: set[type] = set()
+
+    def walk(cls: type) -> None:
+        found.add(cls)
+        for spec in fields(cls):
+            inner = nested_type(cls, spec)
+            if inner is not None and inner not in found:
+                walk(inner)
+
+    for cls in (RunSettings, *RUN_BLOCKS.values(), *(c.settings_type() for c in strategy_classes().values())):
+        walk(cls)
+    return found
+
+
+def test_every_option_of_every_settings_class_declares_its_meaning():
+    missing = [f"{cls.__name__}.{spec.name}" for cls in settings_classes() for spec in fields(cls)
+               if spec.init and spec.name != "resolved" and not spec.metadata.get(MEANING)]
+    assert missing == []
 
 
 def test_the_generated_cases_reach_every_strategy_and_the_run():
