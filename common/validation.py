@@ -61,11 +61,39 @@ def _finite(value: int | float) -> bool:
         return False
 
 
+class _Declared:
+    """What the constraints share: None passes where ``or_none`` allows it, anything else must be
+    admitted, and a refusal says what the constraint allows."""
+
+    or_none: bool
+
+    def allowed(self) -> str:
+        """What a refusal says is allowed."""
+        raise NotImplementedError
+
+    def admits(self, value: Any) -> bool:
+        """Whether ``value`` (not None) is allowed."""
+        raise NotImplementedError
+
+    def refused(self) -> list[Any]:
+        """Values that are not None and not allowed."""
+        raise NotImplementedError
+
+    def check(self, key: str, value: Any) -> None:
+        """Raise ``InvalidValue`` for ``key`` unless ``value`` is allowed (None: only with ``or_none``)."""
+        if not (value is None and self.or_none) and not (value is not None and self.admits(value)):
+            raise InvalidValue(key, value, self.allowed())
+
+    def invalid(self) -> list[Any]:
+        """The values ``refused`` lists, and None unless it is allowed."""
+        return self.refused() if self.or_none else [*self.refused(), None]
+
+
 Closed = Literal["both", "left", "right", "neither"]
 
 
 @dataclass(frozen=True)
-class Interval:
+class Interval(_Declared):
     """A number between ``low`` and ``high`` (None: unbounded above).
 
     kind: ``int`` (an integer; bools are not) or ``float`` (an int or a float).
@@ -91,14 +119,15 @@ class Interval:
         return self.closed in ("left", "neither")
 
     def allowed(self) -> str:
-        """``allowed is a number > 0 and <= 1``: what a refusal says."""
+        """``allowed is a number > 0 and <= 1``."""
         noun = "an integer" if self.kind is int else "a finite number" if self.finite else "a number"
         text = f"allowed is {noun} {'>' if self._low_open() else '>='} {self.low}"
         if self.high is not None:
             text += f" and {'<' if self._high_open() else '<='} {self.high}"
         return f"{text} ({self.reason})" if self.reason else text
 
-    def _admits(self, value: Any) -> bool:
+    def admits(self, value: Any) -> bool:
+        """A number of the kind, finite if asked, within the bounds."""
         if self.kind is int:
             if not isinstance(value, int) or isinstance(value, bool):
                 return False
@@ -108,14 +137,9 @@ class Interval:
         below = self.high is None or (value < self.high if self._high_open() else value <= self.high)
         return above and below
 
-    def check(self, key: str, value: Any) -> None:
-        """``value`` must lie in the interval (or be None with ``or_none``)."""
-        if not (value is None and self.or_none) and not self._admits(value):
-            raise InvalidValue(key, value, self.allowed())
-
-    def invalid(self) -> list[Any]:
-        """The values just outside each bound, a string and a bool, None unless allowed, and for a
-        finite or integer interval infinity."""
+    def refused(self) -> list[Any]:
+        """The values just outside each bound, a string and a bool, and for a finite or integer
+        interval infinity (for an integer one also a fraction)."""
         step = 1 if self.kind is int else 0.5
         values: list[Any] = [self.low if self._low_open() else self.low - step, "x", True]
         if self.high is not None:
@@ -124,11 +148,11 @@ class Interval:
             values.append(self.low + 0.5)
         if self.kind is int or self.finite:
             values.append(math.inf)
-        return values if self.or_none else [*values, None]
+        return values
 
 
 @dataclass(frozen=True)
-class Options:
+class Options(_Declared):
     """One of a fixed set of names."""
 
     values: tuple[str, ...]
@@ -138,21 +162,17 @@ class Options:
         """``allowed are a, b``."""
         return f"allowed are {', '.join(self.values)}"
 
-    def check(self, key: str, value: Any) -> None:
-        """``value`` must be one of ``values`` (or None with ``or_none``)."""
-        if value is None and self.or_none:
-            return
-        if not isinstance(value, str) or value not in self.values:
-            raise InvalidValue(key, value, self.allowed())
+    def admits(self, value: Any) -> bool:
+        """One of ``values``."""
+        return isinstance(value, str) and value in self.values
 
-    def invalid(self) -> list[Any]:
-        """A name that is not an option, a number, and None unless allowed."""
-        values: list[Any] = ["no_such_option", 1]
-        return values if self.or_none else [*values, None]
+    def refused(self) -> list[Any]:
+        """A name that is not an option, and a number."""
+        return ["no_such_option", 1]
 
 
 @dataclass(frozen=True)
-class Flag:
+class Flag(_Declared):
     """true or false."""
 
     or_none: bool = False
@@ -161,19 +181,17 @@ class Flag:
         """``allowed is true or false``."""
         return "allowed is true or false"
 
-    def check(self, key: str, value: Any) -> None:
-        """``value`` must be a bool (or None with ``or_none``)."""
-        if not isinstance(value, bool) and not (value is None and self.or_none):
-            raise InvalidValue(key, value, self.allowed())
+    def admits(self, value: Any) -> bool:
+        """A bool."""
+        return isinstance(value, bool)
 
-    def invalid(self) -> list[Any]:
-        """A string, a number, and None unless allowed."""
-        values: list[Any] = ["yes", 1]
-        return values if self.or_none else [*values, None]
+    def refused(self) -> list[Any]:
+        """A string and a number."""
+        return ["yes", 1]
 
 
 @dataclass(frozen=True)
-class FolderPath:
+class FolderPath(_Declared):
     """A non-empty path string (``~`` is expanded where it is used)."""
 
     or_none: bool = False
@@ -182,14 +200,11 @@ class FolderPath:
         """``allowed is a folder path or null``."""
         return "allowed is a folder path or null"
 
-    def check(self, key: str, value: Any) -> None:
-        """``value`` must be such a string (or None with ``or_none``)."""
-        if value is None and self.or_none:
-            return
-        if not isinstance(value, str) or not value.strip():
-            raise InvalidValue(key, value, self.allowed())
+    def admits(self, value: Any) -> bool:
+        """A string that is not blank."""
+        return isinstance(value, str) and bool(value.strip())
 
-    def invalid(self) -> list[Any]:
+    def refused(self) -> list[Any]:
         """A blank string and a number."""
         return [" ", 3]
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterable
-from typing import Any, ClassVar
+from typing import ClassVar
 
 import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord
@@ -135,7 +135,7 @@ class FedAvg(FederatedStrategy):
                               "to initialise the second one")
         return peer_pair(arrays, self.context.new_network())
 
-    def plugin_ins(self, pid: int) -> Any:
+    def plugin_ins(self, pid: int) -> object | None:
         """Client ``pid``'s plug-in instruction sent beside the train instruction (None: none)."""
         return None
 
