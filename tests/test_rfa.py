@@ -42,21 +42,24 @@ def test_it_stops_at_the_iteration_budget_or_once_the_objective_settles():
     points = np.array([[0.0, 0.0], [1.0, 0.0], [0.0, 1.0], [5.0, 5.0]])
     assert weiszfeld(points, [1.0] * 4, 1e-6, max_iterations=3, tolerance=0.0).iterations == 3
     assert weiszfeld(points, [1.0] * 4, 1e-6, max_iterations=100, tolerance=1.0).iterations == 1
-    one_step = weiszfeld(points, [1.0] * 4, 1e-6, max_iterations=1, tolerance=0.0)
-    start = points.mean(axis=0)
-    beta = 0.25 / np.linalg.norm(points - start, axis=1)
+    weights = np.array([1.0, 2.0, 3.0, 4.0])
+    one_step = weiszfeld(points, weights, 1e-6, max_iterations=1, tolerance=0.0)
+    alpha = weights / weights.sum()
+    start = alpha @ points  # the weighted mean
+    beta = alpha / np.linalg.norm(points - start, axis=1)
     np.testing.assert_allclose(one_step.median, (beta / beta.sum()) @ points)
 
 
 def test_a_state_median_keeps_shapes_and_dtypes_and_averages_integer_buffers():
     states = [{"w": np.full((2, 2), value, np.float32), "b": np.array([value], np.float32),
-               "bn.num_batches_tracked": np.array(count)} for value, count in ((1.0, 3), (2.0, 4), (30.0, 8))]
-    state, solution = geometric_median_state(states, [1.0, 1.0, 1.0], 1e-9, 200, 0.0)
+               "bn.num_batches_tracked": np.array(count)} for value, count in ((1.0, 3), (2.0, 4), (30.0, 20))]
+    state, solution = geometric_median_state(states, [2.0, 3.0, 2.0], 1e-9, 200, 0.0)
     assert list(state) == ["w", "b", "bn.num_batches_tracked"]
     assert state["w"].shape == (2, 2) and state["w"].dtype == np.float32
-    np.testing.assert_allclose(state["w"], 2.0, atol=1e-3)  # the middle client, not the mean 11
+    np.testing.assert_allclose(state["w"], 2.0, atol=1e-3)  # the middle client, not the mean near 10
     np.testing.assert_allclose(state["b"], 2.0, atol=1e-3)
-    assert int(state["bn.num_batches_tracked"]) == 5 and state["bn.num_batches_tracked"].dtype == np.array(3).dtype
+    # (2 * 3 + 3 * 4 + 2 * 20) / 7 = 8.3, rounded: the weighted mean of the batch counts (unweighted: 9)
+    assert int(state["bn.num_batches_tracked"]) == 8 and state["bn.num_batches_tracked"].dtype == np.array(3).dtype
     assert solution.iterations > 1
 
 
@@ -69,6 +72,16 @@ def test_the_strategy_aggregates_a_round_robustly_and_logs_the_steps():
     aggregate = strategy.aggregate(replies)["w"].numpy()
     assert np.all(np.abs(aggregate - 1.0) < 0.5)  # four steps from the mean, 25.75
     assert strategy.result_blocks()["rfa"]["weiszfeld_iterations"] == [strategy.settings.max_iterations]
+
+
+def test_the_strategy_weights_clients_by_local_set_size():
+    strategy = Rfa(strategy_settings("rfa", num_rounds=1, fraction=0.5, train=local_training()), context(num_clients=2))
+    strategy.bind(Federation(node_of={0: 100, 1: 101}, num_examples={0: 30, 1: 10}))
+    replies = {pid: TrainReply(ArrayRecord({"w": Array(np.full(2, value, np.float32))}), TrainStats(n, 0.1, 1))
+               for pid, (value, n) in {0: (0.0, 30), 1: (10.0, 10)}.items()}
+    # The weighted median of two points is the heavier one; with equal weights any point between
+    # them is a median, and the steps would stay at the mean, 5.
+    assert np.all(strategy.aggregate(replies)["w"].numpy() < 0.5)
 
 
 def test_rfa_runs_standalone_and_as_fedcorrs_stage_3(run_inprocess):

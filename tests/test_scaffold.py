@@ -8,11 +8,17 @@ import pytest
 import torch
 import torch.nn.functional as F
 from defaults import local_training
+from flwr.app import ArrayRecord
 from pixels import LABELS, PIXELS, RAW, pixel_model
 
+from client import app as client_app
+from client.node import load_node
 from client.plugins.scaffold import STATE_KEY, ControlVariates, updated_control
+from client.state_store import load_parameter_arrays, save_parameter_arrays
+from client.update import local_update
 from common.errors import ConfigError
 from data.transforms import BatchTransform, TransformSpec
+from protocol.messages import TrainIns, instruction, read_arrays, read_plugin_arrays
 from server.config import load_run
 from settings.compose import compose_config
 from strategies.scaffold import scaffold_server_step
@@ -119,3 +125,32 @@ def test_control_variates_of_one_network_refuse_a_two_network_learner(overrides)
 def test_global_lr_must_be_positive():
     with pytest.raises(ConfigError, match=r"^strategy.global_lr=0 is invalid: allowed is a number > 0.0$"):
         load_run(compose_config(["experiment=smoke", "strategy=scaffold", "strategy.global_lr=0"]))
+
+
+def test_the_plug_in_trains_with_c_minus_its_own_c_i_and_sends_the_change(prepared_run, incoming, node_context):
+    """Through the ClientApp: a client whose c_i is already set trains with c - c_i, keeps c_i+ and
+    sends c_i+ - c_i; the same training done by hand gives the same model to the last bit."""
+    overrides, _, arrays = prepared_run("experiment=smoke strategy=scaffold")
+    context = node_context(overrides, 2)
+    node = load_node(context)
+    start = arrays.to_torch_state_dict()
+    parameters = {name: start[name] for name in node.parameter_names}
+    control = {name: torch.full_like(value, 0.01) for name, value in parameters.items()}
+    own = {name: torch.full_like(value, -0.03) for name, value in parameters.items()}
+    save_parameter_arrays(context, STATE_KEY, 2, own)
+    training = local_training(lr=0.05, momentum=0.0, epochs=1, batch_size=16)
+    content = instruction(TrainIns(1, training, plugin="scaffold"), arrays=arrays,
+                          plugin_arrays=ArrayRecord(control),
+                          plugin="scaffold")
+    reply = client_app.train(incoming(content, "train"), context)
+
+    hooks = ControlVariates(training, LearnerSchedule(), [control[name] - own[name] for name in parameters])
+    expected, stats = local_update(node, start, hooks, 1, labels=node.data.labels)
+    trained = read_arrays(reply.content, "client 2").to_torch_state_dict()
+    assert all(torch.equal(trained[name], value.detach()) for name, value in expected.state_dict().items())
+    new = updated_control(own, control, parameters, dict(expected.named_parameters()), stats.steps, training.lr)
+    change = read_plugin_arrays(reply.content, "scaffold", "client 2").to_torch_state_dict()
+    kept = load_parameter_arrays(context, STATE_KEY, 2, parameters)
+    for name in parameters:
+        torch.testing.assert_close(change[name], (new[name] - own[name]).detach())
+        torch.testing.assert_close(kept[name], new[name].detach())
