@@ -41,6 +41,7 @@ from strategies.base import FederatedStrategy, StrategySettings, TrainReply
 from strategies.context import StrategyContext
 from strategies.fedavg import FedAvg, average_arrays, mean_train_loss
 from strategies.fedcorr_metrics import FedCorrMonitor
+from strategies.federation import Federation
 from strategies.registry import strategy_classes
 from strategies.rounds import RoundSettings
 from strategies.sampling import round_size, sample_clients
@@ -211,7 +212,7 @@ class FedCorr(FederatedStrategy):
         self._finetune_left = 0
         self._grid: Grid | None = None
 
-    def bind(self, federation) -> None:
+    def bind(self, federation: Federation) -> None:
         """Bind the federation here and in stage 3; every client starts with mu_hat = 0 and no LID."""
         super().bind(federation)
         if self.stage3 is not None:

@@ -32,6 +32,7 @@ from strategies.base import TrainReply
 from strategies.context import StrategyContext
 from strategies.detection import counted_scores, detection_block, mean_abs_error
 from strategies.fedavg import FedAvg
+from strategies.federation import Federation
 from strategies.ground_truth import GroundTruth
 from strategies.rounds import RoundSettings
 from task.noise_filter import NoiseFilter, aggregate_filters
@@ -180,6 +181,7 @@ class FedDiv(FedAvg):
     name = "feddiv"
     settings: FedDivSettings
     stage3 = False
+    plugin = PLUGIN
     # A client's noise filter is a 2-component mixture of its per-sample losses.
     min_client_samples = 2
 
@@ -195,7 +197,7 @@ class FedDiv(FedAvg):
         self.global_filter: NoiseFilter | None = None
         self.monitor: FedDivMonitor | None = None
 
-    def bind(self, federation: Any) -> None:
+    def bind(self, federation: Federation) -> None:
         """Bind the federation and start the monitor."""
         super().bind(federation)
         self.monitor = FedDivMonitor(federation.partition_ids, self.ins.params.clean_client, self.context.truth)
@@ -208,7 +210,7 @@ class FedDiv(FedAvg):
                         grid: Grid) -> Iterable[Message]:
         """A warm-up round (the next client of this iteration's order) or a main round (a sample)."""
         self.global_arrays = arrays
-        ins = TrainIns(server_round, self.train, plugin=PLUGIN)
+        ins = TrainIns(server_round, self.train, plugin=self.plugin)
         if self._warmup_left > 0:
             self.stage = WARMUP
             if self.settings.warmup_schedule == "rounds":
@@ -223,7 +225,7 @@ class FedDiv(FedAvg):
             self.stage = MAIN
             chosen = self.select(server_round, arrays, grid)
             plugin_ins = replace(self.ins, phase=MAIN, filter=self.global_filter)
-        content = instruction(ins, arrays=arrays, plugin_ins=plugin_ins, plugin=PLUGIN)
+        content = instruction(ins, arrays=arrays, plugin_ins=plugin_ins, plugin=self.plugin)
         return self.messages({pid: content for pid in chosen}, TRAIN)
 
     def read_train(self, content: RecordDict, sender: str) -> TrainReply:
