@@ -5,7 +5,7 @@ States are ``{name: np.ndarray}``; conversions to and from Flower's ``ArrayRecor
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Mapping, Sequence
 
 import numpy as np
 from flwr.app import Array, ArrayRecord
@@ -49,6 +49,13 @@ def weighted_average(states: Sequence[dict[str, np.ndarray]], weights: Sequence[
         rounded = np.rint(acc) if first.dtype.kind in "iub" else acc
         averaged[key] = np.asarray(rounded).astype(first.dtype)  # np.rint turns 0-d arrays into scalars
     return averaged
+
+
+def average_buffers(states: Sequence[Mapping[str, np.ndarray]], parameters: Collection[str]) -> dict[str, np.ndarray]:
+    """The plain (unweighted) mean of the arrays that are not ``parameters`` (BatchNorm's buffers),
+    for the strategies whose server step treats the parameters apart (FedDyn, SCAFFOLD)."""
+    buffers = [{key: np.asarray(value) for key, value in state.items() if key not in parameters} for state in states]
+    return weighted_average(buffers, [1.0] * len(states)) if buffers[0] else {}
 
 
 def coordinate_median(states: Sequence[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:

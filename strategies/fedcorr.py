@@ -31,7 +31,7 @@ from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDic
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Result
 
-from common.errors import ConfigError, InvalidValue
+from common.errors import InvalidValue
 from common.mixture import GUARDS, high_component
 from common.validation import Checked, Flag, Interval, Options, from_mapping, option
 from protocol.codec import ProtocolError
@@ -43,7 +43,7 @@ from strategies.fedavg import FedAvg, average_arrays, mean_train_loss
 from strategies.fedcorr_metrics import FedCorrMonitor
 from strategies.federation import Federation
 from strategies.registry import strategy_classes
-from strategies.rounds import RoundSettings
+from strategies.rounds import RoundSettings, rounds_left
 from strategies.sampling import round_size, sample_clients
 from task.learner_settings import LEARNERS
 from task.local_training import PROX_NORMS, LocalTraining
@@ -123,13 +123,13 @@ class FedCorrSettings(StrategySettings):
             self.stage3_settings(name)
 
     def stage3_class(self, name: str | None = None) -> type[FedAvg]:
-        """The class of stage-3 strategy ``name`` (default: ``stage3``)."""
+        """The class of stage-3 strategy ``name`` (default: ``stage3``; another name is a key of
+        ``stage3_options``)."""
+        key, name = ("stage3", self.stage3) if name is None else ("stage3_options", name)
         classes = stage3_classes()
-        if name is None and self.stage3 not in classes:
-            raise InvalidValue("stage3", self.stage3, f"allowed are {', '.join(classes)}")
-        if name is not None and name not in classes:
-            raise InvalidValue("stage3_options", name, f"allowed are {', '.join(classes)}")
-        return classes[self.stage3 if name is None else name]
+        if name not in classes:
+            raise InvalidValue(key, name, f"allowed are {', '.join(classes)}")
+        return classes[name]
 
     def stage3_training(self) -> LocalTraining:
         """Stage 3's local training: the train block's, with ``stage3_learner`` if set."""
@@ -162,11 +162,8 @@ class FedCorrSettings(StrategySettings):
             return 0
         if context.comm_budget is None:
             return self.t3
-        spent = self.stages12_participations(context.num_clients)
-        if context.comm_budget < spent:
-            raise ConfigError(f"comm_budget={context.comm_budget} is invalid: too small; FedCorr's stages 1-2 alone "
-                              f"spend {spent} client participations")
-        return (context.comm_budget - spent) // round_size(self.frac2, context.num_clients)
+        return rounds_left(context.comm_budget, self.stages12_participations(context.num_clients),
+                           round_size(self.frac2, context.num_clients), "FedCorr's stages 1-2")
 
     def check_run(self, context: StrategyContext) -> None:
         """A budget must pay for stages 1-2, and stage 3 must work with its learner and the run."""

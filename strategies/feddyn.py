@@ -19,7 +19,7 @@ from flwr.app import ArrayRecord
 from common.validation import Interval, option
 from protocol.feddyn import PLUGIN, FedDynIns
 from protocol.messages import TrainIns
-from strategies.aggregation import as_numpy, as_record, weighted_average
+from strategies.aggregation import as_numpy, as_record, average_buffers
 from strategies.base import TrainReply
 from strategies.context import StrategyContext
 from strategies.fedavg import FedAvg, client_states
@@ -47,8 +47,7 @@ def feddyn_server_step(
 ) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
     """One FedDyn aggregation: (new global state, new h). ``h`` lacks a key until it is first set
     (zero). Parameters are computed in float64 and returned in their own dtype."""
-    buffers = [{key: value for key, value in state.items() if key not in parameter_names} for state in states]
-    new_global = weighted_average(buffers, [1.0] * len(states)) if buffers[0] else {}
+    new_global = average_buffers(states, parameter_names)
     new_h: dict[str, np.ndarray] = {}
     for key in parameter_names:
         start = np.asarray(global_state[key], dtype=np.float64)

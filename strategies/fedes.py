@@ -144,9 +144,6 @@ class FedES(FedAvg):
     def __init__(self, settings: FedESSettings, context: StrategyContext, stage: str | None = None) -> None:
         super().__init__(settings, context, stage or PRETRAIN)
         self.num_rounds = settings.total_rounds(context.num_clients, context.comm_budget)
-        if settings.rho_source == "oracle" and context.truth is None:
-            raise InvalidValue("strategy.rho_source", settings.rho_source,
-                               "allowed is estimate without ground truth: oracle reads the scene's true noise")
         self.estimate: QualityEstimate | None = None
         self.estimated_at: int | None = None
         self.estimation_rounds: list[int] = []

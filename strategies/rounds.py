@@ -17,6 +17,15 @@ from strategies.sampling import round_size
 from task.local_training import LocalTraining
 
 
+def rounds_left(comm_budget: int, spent: int, per_round: int, what: str) -> int:
+    """The rounds of ``per_round`` participations that ``comm_budget`` pays for once ``what`` has
+    spent ``spent``; a budget below ``spent`` is refused."""
+    if comm_budget < spent:
+        raise ConfigError(f"comm_budget={comm_budget} is invalid: too small; {what} alone spend {spent} "
+                          "client participations")
+    return (comm_budget - spent) // per_round
+
+
 @dataclass(frozen=True)
 class RoundSettings(StrategySettings):
     """A round-based schedule and the local training its clients do."""
@@ -34,10 +43,7 @@ class RoundSettings(StrategySettings):
         """``num_rounds``, or with a budget the rounds that spend what ``spent`` participations leave."""
         if comm_budget is None:
             return self.num_rounds
-        if comm_budget < spent:
-            raise ConfigError(f"comm_budget={comm_budget} is invalid: too small; {what} alone spend {spent} "
-                              "client participations")
-        return (comm_budget - spent) // self.round_size(num_clients)
+        return rounds_left(comm_budget, spent, self.round_size(num_clients), what)
 
     def check_run(self, context: StrategyContext) -> None:
         """As a standalone strategy: a round size that fits the federation, a budget that pays for a

@@ -21,7 +21,7 @@ from flwr.app import ArrayRecord, RecordDict
 from common.validation import Interval, option
 from protocol.messages import read_plugin_arrays
 from protocol.scaffold import PLUGIN
-from strategies.aggregation import as_numpy, as_record, weighted_average
+from strategies.aggregation import as_numpy, as_record, average_buffers
 from strategies.base import TrainReply
 from strategies.context import StrategyContext
 from strategies.fedavg import FedAvg, client_states
@@ -48,8 +48,7 @@ def scaffold_server_step(
     """One SCAFFOLD aggregation: (new global state, new server control variate). ``control`` and the
     clients' ``changes`` hold the parameters (the keys of ``control``); the other arrays of the states
     are buffers, plainly averaged. Computed in float64, returned in each array's own dtype."""
-    buffers = [{key: value for key, value in state.items() if key not in control} for state in states]
-    new_global = weighted_average(buffers, [1.0] * len(states)) if buffers[0] else {}
+    new_global = average_buffers(states, control)
     new_control: dict[str, np.ndarray] = {}
     for key, value in control.items():
         start = np.asarray(global_state[key], dtype=np.float64)

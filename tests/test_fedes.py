@@ -290,8 +290,9 @@ def as_arrays(reply: TrainReply) -> dict[str, np.ndarray]:
 
 
 def test_the_oracle_needs_ground_truth_and_is_refused_with_the_config():
-    with pytest.raises(InvalidValue, match="strategy.rho_source='oracle' is invalid: allowed is estimate without"):
-        fedes(rho_source="oracle")
+    with pytest.raises(InvalidValue, match="^rho_source='oracle' is invalid: allowed is estimate without ground "
+                                           "truth: oracle reads the scene's true noise$"):
+        FedES.check_run(strategy_settings("fedes", rho_source="oracle"), context(parameter_names=("w",)))
     # Checked with the rest of the config, before any scene is built: a deployed run has no truth.
     overrides = ["experiment=smoke", "strategy=fedes", "strategy.rho_source=oracle"]
     with pytest.raises(InvalidValue, match="strategy.rho_source='oracle' is invalid"):
