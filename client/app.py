@@ -13,14 +13,22 @@ from flwr.app import ArrayRecord, Context, Message
 from flwr.clientapp import ClientApp
 
 from client.label_state import current_labels
-from client.node import load_node
+from client.node import LocalNode, load_node
 from client.plugins.base import QueryHandler
 from client.plugins.registry import plugin, plugins
+from client.state_store import enter
 from client.update import cpu_state
 from protocol.messages import SERVER, NodeInfo, TrainIns, read_arrays, read_instruction, reply
 from task.evaluation import evaluate as evaluate_model
 
 app = ClientApp()
+
+
+def node_for(message: Message, context: Context) -> LocalNode:
+    """The node's view of the run, with the instruction's state scope entered (``client.state_store``)."""
+    node = load_node(context)
+    enter(context, message.content, node.settings.out_dir)
+    return node
 
 
 @app.query("info")
@@ -33,7 +41,7 @@ def info(message: Message, context: Context) -> Message:
 @app.train()
 def train(message: Message, context: Context) -> Message:
     """Train with the plug-in the instruction names, from the global arrays, on the current labels."""
-    node = load_node(context)
+    node = node_for(message, context)
     ins = read_instruction(message.content, TrainIns)
     trained = plugin(ins.plugin).train(node, context, ins, message.content)
     content = reply(trained.stats, arrays=ArrayRecord(cpu_state(trained.model)), extra=trained.extra,
@@ -42,7 +50,7 @@ def train(message: Message, context: Context) -> Message:
 
 
 def _local_scores(message: Message, context: Context) -> Message:
-    node = load_node(context)
+    node = node_for(message, context)
     state = read_arrays(message.content, SERVER).to_torch_state_dict()
     model = node.model_for_state(state.keys())
     model.load_state_dict(state)
@@ -65,7 +73,7 @@ def loss(message: Message, context: Context) -> Message:
 
 def _query(handler: QueryHandler) -> Callable[[Message, Context], Message]:
     def handle(message: Message, context: Context) -> Message:
-        return Message(handler(load_node(context), context, message.content), reply_to=message)
+        return Message(handler(node_for(message, context), context, message.content), reply_to=message)
 
     handle.__doc__ = handler.__doc__
     return handle

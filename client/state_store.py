@@ -1,57 +1,172 @@
-"""Client state that outlives the SuperNode process: records in ``context.state`` mirrored on disk.
+"""A node's persistent state (corrected labels, kept losses, control variates): versions on disk that a
+resumed run reads back exactly as they were at its checkpoint.
 
-Flower keeps ``context.state`` in the SuperNode's memory, so a node that restarts mid-run would lose
-the labels FedCorr corrected (and FedDyn's correction term). When the node's config names a
-``state-dir``, every stored record is also written there (atomically: a crash leaves the previous
-file, never a half one) and read back when the fresh process's ``context.state`` lacks it. Files are
-per run and partition, so a new run never starts from an old run's labels, and several nodes may
-share one directory. Without ``state-dir`` (a simulation) the state lives in memory only.
+Every instruction of a run's rounds carries a ``StateScope`` (``protocol.messages``); the handler
+enters it (``enter``) before any plug-in reads or writes state. With a state folder, each record is a
+file per version, ``<root>/run-<run>/partition-<k>/<key>/r<round>-a<attempt>.npz``, written
+atomically (a kill leaves the previous version, never a half file):
+
+- a read takes the newest version the scope admits: a version written by an earlier attempt after
+  the checkpoint a later resume continued from was undone by that resume, and is skipped (and
+  removed); a run that starts from another run's stages 1-2 (``scope.parent``) reads the parent's
+  version at its checkpoint until it writes its own;
+- a write keeps the newest version and, for each checkpoint the server keeps, the newest version at
+  or before it; older ones are removed, so the folder holds a few versions per record.
+
+The state folder is the node config's ``state-dir`` (a deployed SuperNode; several nodes may share
+one), or ``<out_dir>/client_state`` for a simulated node (node config ``partition-id``, no
+``data-path``), next to the server's checkpoints. A deployed node without ``state-dir``, or an
+instruction without a scope (a test driving a handler directly), keeps its state in
+``context.state`` only: it does not survive the node's process.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import torch
-from flwr.app import Array, ArrayRecord, Context
+from flwr.app import Array, ArrayRecord, ConfigRecord, Context, RecordDict
 
 from common.atomic_files import read_npz, write_npz
+from protocol.codec import decode, encode
+from protocol.messages import StateScope, read_scope
+from protocol.node_state import SIMULATION_STATE_DIR, run_folder
 
 STATE_DIR_KEY = "state-dir"
+_ENTERED = "state-scope"
+"""``context.state`` record: the scope (and state folder) of the instruction being handled."""
+_ROOT = "root"
+_VERSION = re.compile(r"^r(\d+)-a(\d+)\.npz$")
 
 
-def _state_file(context: Context, key: str, partition_id: int) -> Path | None:
-    if STATE_DIR_KEY not in context.node_config:
+@dataclass(frozen=True)
+class Version:
+    """One stored version of a record: the round and the attempt that wrote it."""
+
+    round: int
+    attempt: int
+    path: Path
+
+
+def attempt_of(resumed_at: tuple[int, ...]) -> int:
+    """The attempt a run with these resumes is in: 1, and one more per resume."""
+    return len(resumed_at) + 1
+
+
+def admitted(version: Version, resumed_at: tuple[int, ...]) -> bool:
+    """Whether a version survives every resume after the attempt that wrote it: each resume continued
+    from its checkpoint round, undoing what earlier attempts wrote after that round."""
+    later = resumed_at[version.attempt - 1:]
+    return all(version.round <= checkpoint for checkpoint in later)
+
+
+def versions(folder: Path) -> list[Version]:
+    """The versions stored in a record's folder, oldest first (temporary files of a killed write are
+    not versions)."""
+    if not folder.is_dir():
+        return []
+    found = []
+    for path in folder.iterdir():
+        match = _VERSION.match(path.name)
+        if match:
+            found.append(Version(int(match[1]), int(match[2]), path))
+    return sorted(found, key=lambda v: (v.round, v.attempt))
+
+
+def state_root(context: Context, out_dir: str) -> Path | None:
+    """The node's state folder: its ``state-dir``, a simulated node's ``<out_dir>/client_state``, or
+    None (a deployed node without ``state-dir``)."""
+    config = context.node_config
+    if STATE_DIR_KEY in config:
+        return Path(str(config[STATE_DIR_KEY])).expanduser()
+    if "partition-id" in config and "data-path" not in config:
+        return Path(out_dir) / SIMULATION_STATE_DIR
+    return None
+
+
+def enter(context: Context, content: RecordDict, out_dir: str) -> None:
+    """Take the scope of the instruction about to be handled (none: state in memory only)."""
+    scope = read_scope(content)
+    root = state_root(context, out_dir)
+    if scope is None or root is None:
+        if _ENTERED in context.state:
+            del context.state[_ENTERED]
+        return
+    context.state[_ENTERED] = ConfigRecord({**encode(scope), _ROOT: str(root)})
+
+
+def _entered(context: Context) -> tuple[Path, StateScope] | None:
+    if _ENTERED not in context.state.config_records:
         return None
-    root = Path(str(context.node_config[STATE_DIR_KEY])).expanduser()
-    return root / f"run-{context.run_id}" / f"partition-{partition_id}" / f"{key}.npz"
+    record = dict(context.state.config_records[_ENTERED])
+    root = Path(str(record.pop(_ROOT)))
+    return root, decode(StateScope, ConfigRecord(record), "the node")
+
+
+def _read(version: Version) -> ArrayRecord:
+    try:
+        arrays = read_npz(version.path)
+    except (OSError, ValueError) as err:
+        raise RuntimeError(f"the node's saved state {version.path} is unreadable ({err}); remove it to "
+                           "start that client over") from err
+    return ArrayRecord({name: Array(value) for name, value in arrays.items()})
+
+
+def _newest(folder: Path, resumed_at: tuple[int, ...], at_most: int | None = None) -> Version | None:
+    admitted_here = [v for v in versions(folder) if admitted(v, resumed_at)
+                     and (at_most is None or v.round <= at_most)]
+    return admitted_here[-1] if admitted_here else None
 
 
 def load_record(context: Context, key: str, partition_id: int) -> ArrayRecord | None:
-    """The record under ``key``: from ``context.state``, else from the node's disk; None if neither has it."""
-    if key in context.state.array_records:
-        return context.state.array_records[key]
-    path = _state_file(context, key, partition_id)
-    if path is None or not path.is_file():
-        return None
-    try:
-        arrays = read_npz(path)
-    except (OSError, ValueError) as err:
-        raise RuntimeError(f"the node's saved state {path} is unreadable ({err}); remove it to start over") from err
-    record = ArrayRecord({name: Array(value) for name, value in arrays.items()})
-    context.state[key] = record
-    return record
+    """The record under ``key`` as the current instruction's scope sees it; None before it was first
+    saved."""
+    entered = _entered(context)
+    if entered is None:
+        return context.state.array_records.get(key)
+    root, scope = entered
+    own = _newest(run_folder(root, scope.run, partition_id) / key, scope.resumed_at)
+    if own is not None:
+        return _read(own)
+    if scope.parent:
+        inherited = _newest(run_folder(root, scope.parent, partition_id) / key, scope.parent_resumed_at,
+                            at_most=scope.parent_round)
+        if inherited is not None:
+            return _read(inherited)
+    return None
 
 
 def save_record(context: Context, key: str, partition_id: int, record: ArrayRecord) -> None:
-    """Keep ``record`` under ``key`` in ``context.state`` and, with a ``state-dir``, on the node's disk."""
-    context.state[key] = record
-    path = _state_file(context, key, partition_id)
-    if path is not None:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        write_npz(path, {name: array.numpy() for name, array in record.items()})
+    """Keep ``record`` under ``key`` as the current round's version, and drop versions nothing needs."""
+    entered = _entered(context)
+    if entered is None:
+        context.state[key] = record
+        return
+    root, scope = entered
+    folder = run_folder(root, scope.run, partition_id) / key
+    folder.mkdir(parents=True, exist_ok=True)
+    write_npz(folder / f"r{scope.round:07d}-a{attempt_of(scope.resumed_at)}.npz",
+              {name: array.numpy() for name, array in record.items()})
+    prune(folder, scope)
+
+
+def prune(folder: Path, scope: StateScope) -> None:
+    """Remove the versions no checkpoint and no later read can use: those a resume undid, and those
+    superseded both before every kept checkpoint and now."""
+    stored = versions(folder)
+    live = [v for v in stored if admitted(v, scope.resumed_at)]
+    needed = {live[-1].path} if live else set()
+    for checkpoint in scope.keep:
+        before = [v for v in live if v.round <= checkpoint]
+        if before:
+            needed.add(before[-1].path)
+    for version in stored:
+        if version.path not in needed:
+            version.path.unlink(missing_ok=True)
 
 
 def load_parameter_arrays(context: Context, key: str, partition_id: int,

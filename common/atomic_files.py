@@ -51,6 +51,20 @@ def read_npz(path: str | os.PathLike) -> dict[str, np.ndarray]:
         return {name: archive[name] for name in archive.files}
 
 
+def write_text_atomic(path: str | os.PathLike, text: str) -> None:
+    """Write ``text`` to ``path`` (never a half-written file)."""
+    path = Path(path)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", newline="") as out:
+            out.write(text)
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, path)
+    except BaseException:
+        os.unlink(tmp)
+        raise
+
+
 def write_json_atomic(path: str | os.PathLike, payload: Any) -> None:
     """Write ``payload`` as JSON to ``path`` (never a half-written file; NaN is refused)."""
     path = Path(path)

@@ -6,7 +6,9 @@ A message's content is a ``RecordDict``:
 - ``config`` (an instruction) or ``metrics`` (a reply): the payload dataclass as one flat record;
 - ``<plugin>``: a client plug-in's own instruction (with a train instruction) or reply payload (its
   extra, with a train reply), as its own record named after the plug-in (``fedcorr``, ``feddyn``);
-- ``<plugin>.arrays``: a plug-in's own arrays, each way (weight-shaped state such as control variates).
+- ``<plugin>.arrays``: a plug-in's own arrays, each way (weight-shaped state such as control variates);
+- ``scope``: on every instruction of a run's rounds, the ``StateScope`` that says which versions of
+  the node's persistent state the message may read and which one it writes.
 
 Kinds (``docs/design.md`` has the table):
 
@@ -39,10 +41,10 @@ if TYPE_CHECKING:
 T = TypeVar("T", bound="DataclassInstance")
 
 __all__ = [
-    "ARRAYS", "CONFIG", "EVALUATE", "INFO", "LOSS", "METRICS", "SERVER", "TRAIN",
-    "NodeInfo", "Scores", "TrainIns", "TrainStats",
+    "ARRAYS", "CONFIG", "EVALUATE", "INFO", "LOSS", "METRICS", "SCOPE", "SERVER", "TRAIN",
+    "NodeInfo", "Scores", "StateScope", "TrainIns", "TrainStats",
     "instruction", "read_arrays", "read_extra", "read_instruction", "read_plugin_ins", "read_plugin_arrays",
-    "read_reply", "reply",
+    "read_reply", "read_scope", "reply", "with_scope",
 ]
 
 INFO = f"{MessageType.QUERY}.info"
@@ -53,6 +55,7 @@ LOSS = f"{MessageType.QUERY}.loss"
 ARRAYS = "arrays"
 CONFIG = "config"
 METRICS = "metrics"
+SCOPE = "scope"
 
 SERVER = "the server"
 
@@ -79,6 +82,47 @@ class TrainIns:
     training: LocalTraining
     plugin: str = ""
     schedule: LearnerSchedule = option(default=LearnerSchedule(), namespaced=True)
+
+
+@dataclass(frozen=True)
+class StateScope:
+    """Which versions of a node's persistent state an instruction may read, and which it writes.
+
+    A node keeps each piece of state (corrected labels, a control variate) as versions named by the
+    round that wrote them and the attempt of the run (1, then one more per resume), so that a run
+    resumed from its checkpoint of round C ignores what the killed attempt wrote after C.
+
+    run: the run's key: the same across the resumes of one run, a new one for every fresh run.
+    round: the round the instruction belongs to: the version any state it changes is written as.
+    resumed_at: the checkpoint round each resume continued from, in order (empty before the first).
+    keep: the rounds of the checkpoints the server keeps: for each, the node keeps its newest
+        version at or before it, and every version after the newest of them.
+    parent: the run whose state this run starts from, read where this run has written none
+        (``strategy.stages12_from``; "" for none); parent_round: the parent's checkpoint round;
+        parent_resumed_at: the parent's resumes.
+    """
+
+    run: str
+    round: int
+    resumed_at: tuple[int, ...] = ()
+    keep: tuple[int, ...] = ()
+    parent: str = ""
+    parent_round: int = 0
+    parent_resumed_at: tuple[int, ...] = ()
+
+
+def with_scope(content: RecordDict, scope: StateScope) -> RecordDict:
+    """``content`` with ``scope`` as its ``scope`` record (replacing any)."""
+    content[SCOPE] = ConfigRecord(dict(encode(scope)))
+    return content
+
+
+def read_scope(content: RecordDict, sender: str = SERVER) -> StateScope | None:
+    """The instruction's ``StateScope``; None when it carries none (an instruction outside a run's
+    rounds, or from a test)."""
+    if SCOPE not in content:
+        return None
+    return decode(StateScope, _record(content, SCOPE, ConfigRecord, sender), sender)
 
 
 def plugin_arrays_key(plugin: str) -> str:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import importlib.util
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from omegaconf import DictConfig
@@ -15,6 +16,7 @@ from omegaconf import DictConfig
 from common.errors import InvalidValue
 from common.folders import check_output_folder
 from common.seeding import rng_for
+from server.checkpoints import CheckpointStore, config_changes
 from settings.run import RunSettings, run_settings
 from settings.scene import resolved
 from strategies.context import StrategyContext
@@ -50,12 +52,64 @@ def check_server_extras(settings: RunSettings) -> None:
                            '.venv/bin/python -m pip install -e ".[tensorboard]"')
 
 
+EXECUTION_KEYS = frozenset({"resume", "logging", "simulation.verbose", "simulation.ray_init_args",
+                            "server.round_timeout", "server.node_wait_timeout"})
+"""Keys that change how a run executes, not what it computes: a resumed run may change them."""
+BOOKKEEPING_KEYS = frozenset({"out_dir", "comm_budget", "server.checkpoint_every", "server.keep_checkpoints"})
+"""Keys a run that starts from another run's checkpoint may change besides its strategy's stage keys
+(the budget only sizes what comes after that checkpoint)."""
+
+
+def check_resume(settings: RunSettings) -> None:
+    """``resume=true`` continues the run in out_dir only with the config it was started with."""
+    if not settings.resume:
+        return
+    record = CheckpointStore(settings.out_dir).record()
+    if record is None:
+        return
+    changes = config_changes(record.config, settings.resolved, EXECUTION_KEYS)
+    if changes:
+        raise InvalidValue("resume", True, f"the run in {settings.out_dir} was started with another config; "
+                                           f"resume it unchanged or set resume=false to start over. Differing: "
+                                           f"{'; '.join(changes[:6])}{' ...' if len(changes) > 6 else ''}")
+
+
+def check_start(settings: RunSettings, strategy: StrategyPlan) -> None:
+    """A run that starts from another run's checkpoint (``strategy.stages12_from``): that run must
+    exist, have that checkpoint, have computed it itself, and differ from this run only where the
+    strategy allows."""
+    start = strategy.settings.starts_from(settings.num_clients)
+    if start is None:
+        return
+    folder, checkpoint_round = start
+    key = "strategy.stages12_from"
+    source = Path(folder).expanduser()
+    if source.resolve() == Path(settings.out_dir).resolve():
+        raise InvalidValue(key, folder, "another run's folder: this run writes to it (set out_dir elsewhere)")
+    store = CheckpointStore(source)
+    record = store.record()
+    if record is None:
+        raise InvalidValue(key, folder, "the folder of a run this version wrote (it has no checkpoints/run.json)")
+    if record.lineage.parent:
+        raise InvalidValue(key, folder, "a run that did its stages 1-2 itself (that one took them from another run)")
+    if store.at(checkpoint_round) is None:
+        raise InvalidValue(key, folder, f"a run with a checkpoint at the end of its stage 2 (round "
+                                        f"{checkpoint_round}); it has checkpoints at rounds {list(store.rounds())}")
+    ignore = EXECUTION_KEYS | BOOKKEEPING_KEYS | {f"strategy.{name}" for name in strategy.settings.differing_keys()}
+    changes = config_changes(record.config, settings.resolved, frozenset(ignore))
+    if changes:
+        raise InvalidValue(key, folder, f"a run whose stages 1-2 match this run's; differing: "
+                                        f"{'; '.join(changes[:6])}{' ...' if len(changes) > 6 else ''}")
+
+
 def load_run(cfg: DictConfig | dict[str, Any]) -> RunPlan:
     """The run's settings and its strategy's, every value checked: also that the server can write
-    its out_dir and has the device it evaluates on."""
+    its out_dir, has the device it evaluates on, and can resume or start where the config says."""
     settings = run_settings(cfg)
     check_output_folder("out_dir", settings.out_dir)
     check_device("server.device", settings.server.device)
     check_server_extras(settings)
-    strategy = resolved(cfg)["strategy"]
-    return RunPlan(settings, plan_strategy(strategy, strategy_context(settings)))
+    strategy = plan_strategy(resolved(cfg)["strategy"], strategy_context(settings))
+    check_resume(settings)
+    check_start(settings, strategy)
+    return RunPlan(settings, strategy)

@@ -1,15 +1,21 @@
-"""The results contract: <out_dir>/results.json and <out_dir>/rounds.csv, kept valid after every round.
+"""The results contract: <out_dir>/results.json, rounds.jsonl and rounds.csv, valid at every instant.
 
-results.json is rewritten atomically each round, so a run killed at any point leaves the rounds
-finished so far in a readable file (``"complete": false`` until the run ends). Its
-``test_confusion`` block is the confusion matrix of the latest central evaluation (at the end: the
-final round's), which shows what an accuracy alone hides: a collapsed model, or a class map learnt
-shifted under pair-flip noise.
+Each finished round appends one line to ``rounds.jsonl`` and one to ``rounds.csv`` and rewrites the
+small ``results.json`` (config, summary, the latest confusion matrix; ``"complete": false``), so a
+round costs the same at round 1,000 as at round 1, and a run killed at any point leaves readable
+files. When the run ends, results.json gets every round and the method's blocks and
+``"complete": true``. ``read_payload`` reads a run in either state. Its ``test_confusion`` block is
+the confusion matrix of the latest central evaluation (at the end: the final round's), which shows
+what an accuracy alone hides: a collapsed model, or a class map learnt shifted under pair-flip noise.
+
+A resumed run starts from its checkpoint's copy of the writer (``state``): both round files are
+rewritten with the checkpoint's rounds, dropping whatever the killed attempt appended after it.
 """
 
 from __future__ import annotations
 
 import csv
+import io
 import json
 import math
 import time
@@ -18,8 +24,11 @@ from typing import Any
 
 import numpy as np
 
-from common.atomic_files import write_json_atomic
+from common.atomic_files import write_json_atomic, write_text_atomic
 
+RESULTS = "results.json"
+ROUNDS_JSONL = "rounds.jsonl"
+ROUNDS_CSV = "rounds.csv"
 ROUND_FIELDS = ("round", "stage", "test_acc", "test_loss", "clients", "comm_cost", "train_loss", "elapsed_s")
 
 
@@ -40,28 +49,34 @@ def _finite(value: float | None) -> float | None:
 
 
 class ResultsWriter:
-    """Collects one row per round and keeps results.json / rounds.csv up to date.
+    """Collects one row per round and keeps the results files up to date.
 
-    out_dir: where the two files go (created if missing).
+    out_dir: where the files go (created if missing).
     config: the resolved run configuration, stored verbatim under "config".
+    state: a checkpoint's ``state()`` to continue from (None: a fresh run, whose files replace any).
     """
 
-    def __init__(self, out_dir: str | Path, config: dict[str, Any]) -> None:
+    def __init__(self, out_dir: str | Path, config: dict[str, Any], state: dict[str, Any] | None = None) -> None:
         self.dir = Path(out_dir)
         self.dir.mkdir(parents=True, exist_ok=True)
         self.config = config
-        self.rounds: list[dict[str, Any]] = []
+        self.rounds: list[dict[str, Any]] = [] if state is None else list(state["rounds"])
         self.extra: dict[str, Any] = {}
-        self.confusion: dict[str, Any] | None = None
+        self.confusion: dict[str, Any] | None = None if state is None else state["confusion"]
+        self.before = 0.0 if state is None else float(state["elapsed_s"])
         self.start = time.perf_counter()
-        with open(self.dir / "rounds.csv", "w", newline="") as out:
-            csv.writer(out).writerow(ROUND_FIELDS)
+        write_text_atomic(self.dir / ROUNDS_JSONL, "".join(_json_line(row) for row in self.rounds))
+        write_text_atomic(self.dir / ROUNDS_CSV, _csv_lines([ROUND_FIELDS, *map(_csv_row, self.rounds)]))
         self._write(complete=False)
 
     @property
     def elapsed(self) -> float:
-        """Seconds since the writer was created (the run's start)."""
-        return time.perf_counter() - self.start
+        """Seconds the run has taken so far, over every attempt."""
+        return self.before + time.perf_counter() - self.start
+
+    def state(self) -> dict[str, Any]:
+        """What a checkpoint keeps of the results: the rounds so far, the latest confusion, the time."""
+        return {"rounds": list(self.rounds), "confusion": self.confusion, "elapsed_s": self.elapsed}
 
     def add_round(
         self,
@@ -75,8 +90,9 @@ class ResultsWriter:
         train_loss: float | None = None,
         test_confusion: np.ndarray | None = None,
     ) -> dict[str, Any]:
-        """Append a finished round to rounds.csv and results.json (non-finite scores as null); returns its
-        row. ``test_confusion`` (true class x predicted class counts) replaces the stored one."""
+        """Append a finished round to the round files (non-finite scores as null) and refresh
+        results.json; returns its row. ``test_confusion`` (true class x predicted class counts)
+        replaces the stored one."""
         row = {
             "round": server_round, "stage": stage, "test_acc": _finite(test_acc), "test_loss": _finite(test_loss),
             "clients": list(clients), "comm_cost": comm_cost, "train_loss": _finite(train_loss),
@@ -86,9 +102,10 @@ class ResultsWriter:
         if test_confusion is not None:
             self.confusion = {"round": server_round, "rows": "true class", "columns": "predicted class",
                               "counts": np.asarray(test_confusion).astype(int).tolist()}
-        with open(self.dir / "rounds.csv", "a", newline="") as out:
-            csv.writer(out).writerow([" ".join(map(str, v)) if isinstance(v, list) else ("" if v is None else v)
-                                      for v in (row[f] for f in ROUND_FIELDS)])
+        with open(self.dir / ROUNDS_JSONL, "a") as out:
+            out.write(_json_line(row))
+        with open(self.dir / ROUNDS_CSV, "a", newline="") as out:
+            out.write(_csv_lines([_csv_row(row)]))
         self._write(complete=False)
         return row
 
@@ -103,7 +120,7 @@ class ResultsWriter:
             writer.writerows(rows)
 
     def finish(self, **extra: Any) -> dict[str, Any]:
-        """Mark the run complete, adding method-specific blocks (e.g. ``fedcorr={...}``)."""
+        """Mark the run complete, with every round and the method-specific blocks (``fedcorr={...}``)."""
         self.extra.update(extra)
         return self._write(complete=True)
 
@@ -111,19 +128,56 @@ class ResultsWriter:
         payload = {
             "complete": complete,
             "config": self.config,
-            "rounds": self.rounds,
+            **({"rounds": self.rounds} if complete else {}),
             "summary": summarise(self.rounds, self.elapsed),
             **({} if self.confusion is None else {"test_confusion": self.confusion}),
             **self.extra,
         }
-        write_json_atomic(self.dir / "results.json", payload)
+        write_json_atomic(self.dir / RESULTS, payload)
         return payload
 
 
+def _json_line(row: dict[str, Any]) -> str:
+    return json.dumps(row, allow_nan=False) + "\n"
+
+
+def _csv_row(row: dict[str, Any]) -> list[Any]:
+    return [" ".join(map(str, v)) if isinstance(v, list) else ("" if v is None else v)
+            for v in (row[f] for f in ROUND_FIELDS)]
+
+
+def _csv_lines(rows: list[Any]) -> str:
+    buffer = io.StringIO()
+    csv.writer(buffer).writerows(rows)
+    return buffer.getvalue()
+
+
+def read_rounds(out_dir: str | Path) -> list[dict[str, Any]]:
+    """The rounds in ``rounds.jsonl`` (a line cut short by a kill is not a round)."""
+    rows: list[dict[str, Any]] = []
+    path = Path(out_dir) / ROUNDS_JSONL
+    if not path.is_file():
+        return rows
+    for line in path.read_text().splitlines():
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError:
+            break
+    return rows
+
+
+def read_payload(out_dir: str | Path) -> dict[str, Any]:
+    """The results payload of a run, finished or not: a run in progress (or killed) gets its rounds
+    from ``rounds.jsonl``."""
+    payload = json.loads((Path(out_dir) / RESULTS).read_text())
+    if "rounds" not in payload:
+        payload["rounds"] = read_rounds(out_dir)
+    return payload
+
 
 def read_results(out_dir: str | Path) -> dict[str, Any]:
-    """The results payload of a run; a run that did not complete is an error saying so."""
-    payload = json.loads((Path(out_dir) / "results.json").read_text())
+    """The results payload of a finished run; a run that did not complete is an error saying so."""
+    payload = read_payload(out_dir)
     if not payload.get("complete"):
-        raise RuntimeError(f"the run writing {out_dir}/results.json did not complete; see its log above")
+        raise RuntimeError(f"the run writing {out_dir}/{RESULTS} did not complete; see its log above")
     return payload

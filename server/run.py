@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import logging
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -12,6 +15,18 @@ from flwr.serverapp import Grid
 from common.seeding import rng_for
 from data.scene import prepare_scene
 from data.sources.base import Dataset
+from protocol.messages import StateScope
+from protocol.node_state import SIMULATION_STATE_DIR, inherit_folder
+from server.checkpoints import (
+    Checkpoint,
+    CheckpointStore,
+    Lineage,
+    RunRecord,
+    generator_states,
+    numpy_arrays,
+    read_checkpoint,
+    restore_generators,
+)
 from server.config import RunPlan
 from server.discovery import discover
 from server.evaluation import CentralEvaluator
@@ -19,7 +34,7 @@ from server.live_curves import LiveCurves
 from server.progress import Progress
 from server.results import ResultsWriter
 from settings.run import RunSettings
-from strategies.base import RoundInfo
+from strategies.base import FederatedStrategy, RoundInfo
 from strategies.ground_truth import GroundTruth
 from task.build import model_for
 
@@ -67,10 +82,76 @@ class RoundReporter:
         return None if scores is None else MetricRecord({"accuracy": scores.accuracy, "loss": scores.loss})
 
 
+@dataclass(frozen=True)
+class Start:
+    """Where a run starts: from round 0 (``checkpoint`` None), from its own last checkpoint
+    (``resume=true``), or from another run's (``inherited``: ``strategy.stages12_from``)."""
+
+    lineage: Lineage
+    checkpoint: Checkpoint | None = None
+    inherited: bool = False
+
+
+def starting_point(settings: RunSettings, strategy: FederatedStrategy, store: CheckpointStore) -> Start:
+    """The run's start (the config was checked against the checkpoint's run by ``load_run``). A fresh
+    run removes the folder's earlier checkpoints and simulated node state."""
+    store.remove_partial()
+    latest = store.latest() if settings.resume else None
+    record = store.record()
+    if latest is not None and record is not None:
+        checkpoint = read_checkpoint(latest)
+        log.info("resuming %s from its checkpoint of round %d", settings.out_dir, checkpoint.round)
+        return Start(record.lineage.resumed(checkpoint.round), checkpoint)
+    store.clear()
+    shutil.rmtree(Path(settings.out_dir) / SIMULATION_STATE_DIR, ignore_errors=True)
+    source = strategy.settings.starts_from(settings.num_clients)
+    if source is None:
+        return Start(Lineage.fresh())
+    folder, checkpoint_round = source
+    parent = CheckpointStore(Path(folder).expanduser())
+    path, parent_record = parent.at(checkpoint_round), parent.record()
+    assert path is not None and parent_record is not None  # load_run checked both
+    checkpoint = read_checkpoint(path)
+    inherit_folder(parent.dir.parent / SIMULATION_STATE_DIR, Path(settings.out_dir) / SIMULATION_STATE_DIR,
+                   parent_record.lineage.run)
+    log.info("starting from round %d of %s (its stages 1-2)", checkpoint_round, folder)
+    return Start(checkpoint.lineage.child(checkpoint_round), checkpoint, inherited=True)
+
+
+class Checkpointer:
+    """Writes the run's checkpoints after the rounds due: every ``server.checkpoint_every`` rounds,
+    after each stage's last round, and after the run's last round."""
+
+    def __init__(self, settings: RunSettings, store: CheckpointStore, strategy: FederatedStrategy,
+                 results: ResultsWriter, lineage: Lineage) -> None:
+        self.every = settings.server.checkpoint_every
+        self.store = store
+        self.strategy = strategy
+        self.results = results
+        self.lineage = lineage
+        self.stage_ends = set(strategy.stage_ends())
+        self.last = strategy.planned_rounds()
+
+    def __call__(self, server_round: int, arrays: ArrayRecord) -> None:
+        """Write the checkpoint of ``server_round`` when one is due."""
+        stage_end = server_round in self.stage_ends
+        if not (stage_end or server_round % self.every == 0 or server_round == self.last):
+            return
+        self.store.write(Checkpoint(
+            round=server_round, arrays=numpy_arrays(arrays), strategy=self.strategy.state(),
+            log=self.strategy.log.state(), generators=generator_states(self.strategy.rng),
+            results=self.results.state(), lineage=self.lineage,
+        ), stage_end)
+
+    def scope(self, server_round: int) -> StateScope:
+        """The state scope of ``server_round``'s instructions: this run's lineage and the kept checkpoints."""
+        return self.lineage.scope(server_round, self.store.rounds())
+
+
 def run_server(grid: Grid, plan: RunPlan) -> dict[str, Any]:
-    """Run the planned strategy over the nodes of ``grid``; returns the final results payload."""
+    """Run the planned strategy over the nodes of ``grid`` (from round 0, or from the checkpoint the
+    config says); returns the final results payload."""
     settings = plan.settings
-    results = ResultsWriter(settings.out_dir, settings.resolved)
     scene, dataset, _ = prepare_scene(settings.scene, settings.out_dir)
     model = initial_model(settings, dataset)
     truth = GroundTruth.from_scene(scene) if settings.ground_truth else None
@@ -79,11 +160,28 @@ def run_server(grid: Grid, plan: RunPlan) -> dict[str, Any]:
     strategy = plan.strategy.build(context)
     strategy.bind(discover(grid, settings.num_clients, settings.server.node_wait_timeout,
                            settings.server.round_timeout))
+    store = CheckpointStore(settings.out_dir, settings.server.keep_checkpoints)
+    start = starting_point(settings, strategy, store)
+    arrays = ArrayRecord(model.state_dict())
+    checkpoint = start.checkpoint
+    results = ResultsWriter(settings.out_dir, settings.resolved, None if checkpoint is None else checkpoint.results)
+    if checkpoint is not None:
+        arrays = checkpoint.global_arrays()
+        if start.inherited:
+            strategy.inherit(checkpoint.strategy)
+        else:
+            strategy.restore(checkpoint.strategy)
+        strategy.log.restore(checkpoint.log)
+        restore_generators(strategy.rng, checkpoint.generators)
+    store.write_record(RunRecord(settings.resolved, start.lineage))
     num_rounds = strategy.planned_rounds()
     live = LiveCurves(settings.out_dir, strategy.result_blocks) if settings.logging.tensorboard else None
     strategy.observe(RoundReporter(settings, CentralEvaluator(settings, dataset), results, num_rounds, live))
+    checkpointer = Checkpointer(settings, store, strategy, results, start.lineage)
+    strategy.log.checkpoint = checkpointer
+    strategy.log.scope = checkpointer.scope
     try:
-        strategy.start(grid, ArrayRecord(model.state_dict()), timeout=settings.server.round_timeout)
+        strategy.start(grid, arrays, timeout=settings.server.round_timeout)
     finally:
         if live is not None:
             live.close()

@@ -36,6 +36,8 @@ class ServerSettings(Checked):
     on_client_error: str = option(Options(ON_CLIENT_ERROR),
                                   "fail: stop the run naming the client | skip: drop it from the round")
     device: str = option(meaning="auto | cpu | cuda | cuda:N, for the central evaluation")
+    checkpoint_every: int = option(Interval(int, 1), "write a checkpoint every k rounds (and at each stage's end)")
+    keep_checkpoints: int = option(Interval(int, 1), "how many of the latest periodic checkpoints to keep")
 
 
 @dataclass(frozen=True)
@@ -109,6 +111,7 @@ class RunSettings(Checked):
     comm_budget: int | None = option(Interval(int, 1, or_none=True),
                                      "client participations every method spends (null: each strategy's own rounds)")
     ground_truth: bool = option(Flag(), "whether the server may read the scene's ground truth")
+    resume: bool = option(Flag(), "continue the run in out_dir from its last checkpoint (false: start over)")
     server: ServerSettings = option(meaning="how the ServerApp runs")
     logging: LoggingSettings = option(meaning="what a run logs besides results.json")
     client: ClientSettings = option(meaning="how a client node computes")
@@ -140,6 +143,7 @@ def run_settings(cfg: DictConfig | dict[str, Any]) -> RunSettings:
         return RunSettings(
             seed=values["seed"], num_clients=values["num_clients"], out_dir=out_dir(values),
             comm_budget=values.get("comm_budget"), ground_truth=values.get("ground_truth", False),
+            resume=values["resume"],
             scene=scene, model=model, transforms=transforms,
             server=from_mapping(ServerSettings, values["server"], "server"),
             logging=from_mapping(LoggingSettings, values["logging"], "logging"),

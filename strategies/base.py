@@ -17,7 +17,7 @@ from flwr.serverapp.strategy import Result, Strategy
 from common.errors import ConfigError
 from common.validation import Checked
 from protocol.codec import ProtocolError
-from protocol.messages import read_arrays, read_reply
+from protocol.messages import StateScope, read_arrays, read_reply, with_scope
 from strategies.context import StrategyContext
 from strategies.federation import Federation
 from strategies.replies import answering_node, short_reason
@@ -52,13 +52,23 @@ class RunLog:
     """The rounds a run has finished, shared by a strategy and the strategies nested in it (FedCorr's
     stage 3), so rounds and communication cost run on across stages.
 
-    observer: sees every round (``RoundObserver``); None until the server attaches one.
+    observer: sees every finished round (``RoundObserver``); None until the server attaches one.
+    checkpoint: called after every finished round with its number and the new global arrays, once
+        the strategy's state is whole again (the server's checkpoints); None: no checkpoints.
+    scope: the ``StateScope`` of the instructions of a round, by round (the server's, which knows
+        the run's key and checkpoints); None: instructions carry no scope and nodes keep their state
+        in memory.
+    completed: the last finished round (0 before the first); current: the round in progress.
     """
 
     def __init__(self) -> None:
         self.rounds: list[RoundInfo] = []
         self.observer: RoundObserver | None = None
+        self.checkpoint: Callable[[int, ArrayRecord], None] | None = None
+        self.scope: Callable[[int], StateScope] | None = None
         self.result = Result()
+        self.completed = 0
+        self.current = 0
 
     @property
     def comm_cost(self) -> int:
@@ -74,6 +84,19 @@ class RunLog:
         scores = self.observer(info, arrays) if self.observer is not None else None
         if scores is not None:
             self.result.evaluate_metrics_serverapp[info.round] = scores
+
+    def state(self) -> dict[str, Any]:
+        """What a checkpoint keeps of the log: the rounds, their metrics and the last finished round."""
+        return {"rounds": list(self.rounds), "completed": self.completed,
+                "train_metrics": dict(self.result.train_metrics_clientapp),
+                "evaluate_metrics": dict(self.result.evaluate_metrics_serverapp)}
+
+    def restore(self, state: dict[str, Any]) -> None:
+        """Continue from a checkpoint's ``state()``."""
+        self.rounds = list(state["rounds"])
+        self.completed = self.current = int(state["completed"])
+        self.result.train_metrics_clientapp.update(state["train_metrics"])
+        self.result.evaluate_metrics_serverapp.update(state["evaluate_metrics"])
 
 
 @dataclass(frozen=True)
@@ -94,6 +117,15 @@ class StrategySettings(Checked):
         """Checks that need the run (federation size, budget, ground truth); an ``InvalidValue`` names
         its key within the strategy's block (none by default)."""
 
+    def starts_from(self, num_clients: int) -> tuple[str, int] | None:
+        """The folder of a finished run and the round of its checkpoint this run starts from instead
+        of round 0 (FedCorr's ``stages12_from``); None: from round 0."""
+        return None
+
+    def differing_keys(self) -> tuple[str, ...]:
+        """The keys of the strategy block in which a run may differ from the run it starts from."""
+        return ()
+
 
 class FederatedStrategy(Strategy):
     """Base class of every strategy: one class per file, found by its ``name``, built from its
@@ -112,6 +144,12 @@ class FederatedStrategy(Strategy):
     """The fewest samples a client may hold (LID needs a neighbour, a loss mixture two losses)."""
     needs_parameter_names: ClassVar[bool] = False
     """Whether its state or its clients' follows the model's parameters by name (``context.parameter_names``)."""
+    transient: ClassVar[frozenset[str]] = frozenset({
+        "settings", "context", "rng", "skip_failed", "log", "timeout", "global_arrays", "_federation", "_sent"})
+    """Attributes that are not the strategy's state: built again from the settings and the run on
+    resume, or shared with the run (the sampling generator and the run log, which the server's
+    checkpoint keeps once). Every other attribute is state and goes into ``state()``; a subclass
+    that holds more wiring adds its names."""
 
     def __init__(self, settings: StrategySettings, context: StrategyContext) -> None:
         if self.needs_parameter_names and not context.parameter_names:
@@ -171,6 +209,30 @@ class FederatedStrategy(Strategy):
         """The strategy's own blocks of results.json (e.g. FedCorr's detection metrics)."""
         return {}
 
+    def stage_ends(self) -> list[int]:
+        """The rounds after which one of the strategy's stages ends (the server keeps a checkpoint of
+        each); none for a strategy of one stage."""
+        return []
+
+    def state(self) -> dict[str, Any]:
+        """Everything the strategy has learnt or decided so far: every attribute but the ``transient``
+        ones, as a checkpoint keeps it (picklable)."""
+        return {name: value for name, value in vars(self).items() if name not in self.transient}
+
+    def inherit(self, state: dict[str, Any]) -> None:
+        """Continue from the ``state()`` of another run's checkpoint at ``settings.starts_from``; only
+        a strategy whose settings name such a run implements it."""
+        raise NotImplementedError(f"{type(self).__name__} does not start from another run")
+
+    def restore(self, state: dict[str, Any]) -> None:
+        """Continue from ``state()`` of a strategy built and bound with the same settings."""
+        unknown = sorted(set(state) - set(vars(self)))
+        if unknown:
+            raise RuntimeError(f"the checkpoint holds {type(self).__name__} state {unknown} that this version "
+                               "of the strategy does not have; resume with the version that wrote it")
+        for name, value in state.items():
+            setattr(self, name, value)
+
     def summary(self) -> None:
         """Log the strategy's class, its rounds and its failure policy."""
         log.info("%s: %d rounds, skip_failed=%s", type(self).__name__, self.planned_rounds(), self.skip_failed)
@@ -178,7 +240,12 @@ class FederatedStrategy(Strategy):
     # --- messages ------------------------------------------------------------------------------
 
     def messages(self, contents: dict[int, RecordDict], message_type: str) -> list[Message]:
-        """One message per client (partition id -> its content); remembers whom it was sent to."""
+        """One message per client (partition id -> its content), with the current round's state scope
+        when the server gives one; remembers whom it was sent to."""
+        if self.log.scope is not None:
+            scope = self.log.scope(self.log.current)
+            for content in contents.values():
+                with_scope(content, scope)
         self._sent = {
             pid: Message(content=content, message_type=message_type, dst_node_id=self.federation.node_of[pid])
             for pid, content in contents.items()
@@ -246,21 +313,38 @@ class FederatedStrategy(Strategy):
         evaluate_config: ConfigRecord | None = None,
         evaluate_fn: Callable[[int, ArrayRecord], MetricRecord | None] | None = None,
     ) -> Result:
-        """Run ``planned_rounds()`` rounds (``num_rounds`` must agree if given) in Flower's loop.
+        """Run the rounds after the run log's last finished one (all ``planned_rounds()`` of a fresh
+        run; ``num_rounds`` must agree if given), then ``finish``.
 
-        Every exchange waits at most ``timeout`` seconds. Clients train with the strategy's own
-        local-training settings (``train_config`` is not used). Returns the run log's Result: the
-        final arrays, each round's train loss and whatever the observer returned.
+        Flower's own loop always starts at round 1; this one continues a restored run from
+        ``initial_arrays``, the checkpoint's global model. Each round: ``configure_train``, the
+        exchange (at most ``timeout`` seconds), ``aggregate_train``, ``evaluate_fn`` if given, then the
+        run log's ``checkpoint``. Clients train with the strategy's own local-training settings
+        (``train_config`` and ``evaluate_config`` are not used: no client evaluates). Returns the run
+        log's Result: the final arrays, each round's train loss and whatever the observer returned.
         """
         planned = self.planned_rounds()
         if num_rounds is not None and num_rounds != planned:
             raise ValueError(f"{type(self).__name__} runs {planned} rounds; num_rounds={num_rounds} disagrees")
         self.timeout = float(timeout)
-        self.log.result.arrays = initial_arrays
-        result = super().start(grid, initial_arrays, planned, timeout, train_config, evaluate_config, evaluate_fn)
-        self.finish(grid, self.log.result.arrays)
-        for server_round, metrics in result.evaluate_metrics_serverapp.items():
-            self.log.result.evaluate_metrics_serverapp.setdefault(server_round, metrics)
+        self.summary()
+        arrays = initial_arrays
+        self.log.result.arrays = arrays
+        config = ConfigRecord() if train_config is None else train_config
+        for server_round in range(self.log.completed + 1, planned + 1):
+            self.log.current = server_round
+            replies = grid.send_and_receive(self.configure_train(server_round, arrays, config, grid), timeout=timeout)
+            aggregated, _ = self.aggregate_train(server_round, replies)
+            arrays = arrays if aggregated is None else aggregated
+            if evaluate_fn is not None:
+                scores = evaluate_fn(server_round, arrays)
+                if scores is not None:
+                    self.log.result.evaluate_metrics_serverapp.setdefault(server_round, scores)
+            self.log.completed = server_round
+            if self.log.checkpoint is not None:
+                self.log.checkpoint(server_round, arrays)
+        self.log.current = planned + 1
+        self.finish(grid, arrays)
         return self.log.result
 
     def configure_evaluate(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,

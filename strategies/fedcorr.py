@@ -33,7 +33,7 @@ from flwr.serverapp.strategy import Result
 
 from common.errors import InvalidValue
 from common.mixture import GUARDS, high_component
-from common.validation import Checked, Flag, Interval, Options, from_mapping, option
+from common.validation import Checked, Flag, FolderPath, Interval, Options, from_mapping, option
 from protocol.codec import ProtocolError
 from protocol.fedcorr import CORRECT, LOSS_MODELS, PLUGIN, CorrectIns, CorrectRes, LidRes, Stage1Ins
 from protocol.messages import TRAIN, TrainIns, instruction, read_extra, read_reply
@@ -105,6 +105,12 @@ class FedCorrSettings(StrategySettings):
     stage3_learner: str | None = option(Options(LEARNERS, or_none=True),
                                         "stage 3's learner (null: train.learner, as stage 2)")
     ablation: FedCorrAblation = option(meaning="Table 6's switches")
+    stages12_from: str | None = option(FolderPath(or_none=True),
+                                       "a finished FedCorr run's folder whose stages 1-2 this run takes over "
+                                       "(null: run them)")
+
+    # What only stage 3 reads: a run may differ from the one it takes stages 1-2 from in these.
+    stage3_keys = ("stage3", "stage3_options", "stage3_learner", "t3", "ablation.usual_training", "stages12_from")
 
     def check(self) -> None:
         """One network in stages 1-2, a stage-3 learner the train block allows, and every stage-3
@@ -150,6 +156,20 @@ class FedCorrSettings(StrategySettings):
         fraction = self.frac2 if not self.ablation.fraction_scheduling else (self.frac1 or 1.0 / num_clients)
         return round_size(fraction, num_clients)
 
+    def stages12_rounds(self, num_clients: int) -> int:
+        """The rounds of stages 1 and 2: T1 iterations of N/m1 rounds, then the T2 rounds the ablation
+        keeps."""
+        stage1 = self.t1 * math.ceil(num_clients / self.stage1_round_size(num_clients))
+        return stage1 + (self.t2 if self.ablation.finetuning else 0)
+
+    def starts_from(self, num_clients: int) -> tuple[str, int] | None:
+        """``stages12_from`` and the round its stages 1-2 end at; None when this run does them."""
+        return None if self.stages12_from is None else (self.stages12_from, self.stages12_rounds(num_clients))
+
+    def differing_keys(self) -> tuple[str, ...]:
+        """The keys of the strategy block a run may change from the run it starts from: stage 3's."""
+        return self.stage3_keys
+
     def stages12_participations(self, num_clients: int) -> int:
         """The client participations of stage 1 (T1 * N) and stage 2 (T2 * m)."""
         finetuning = self.t2 * round_size(self.frac2, num_clients) if self.ablation.finetuning else 0
@@ -187,6 +207,8 @@ class FedCorr(FederatedStrategy):
     settings: FedCorrSettings
     # A client's LID compares each prediction with at least one neighbour's.
     min_client_samples = 2
+    # Stage 3 keeps its own state (``state``); the grid is the one of the round in progress.
+    transient = FederatedStrategy.transient | {"stage3", "_grid"}
 
     def __init__(self, settings: FedCorrSettings, context: StrategyContext) -> None:
         super().__init__(settings, context)
@@ -223,17 +245,41 @@ class FedCorr(FederatedStrategy):
         log.info("FedCorr: %s", self.settings)
 
     def planned_rounds(self) -> int:
-        """Stage 1's T1 iterations of N/m1 rounds, then the T2 and stage-3 rounds the ablation keeps."""
-        n = len(self.federation.partition_ids)
-        s, ablation = self.settings, self.settings.ablation
-        stage1 = s.t1 * math.ceil(n / s.stage1_round_size(n))
-        return (stage1 + (s.t2 if ablation.finetuning else 0)
-                + (self.stage3.planned_rounds() if self.stage3 is not None else 0))
+        """Stages 1 and 2, then stage 3's rounds."""
+        return self.stages12_rounds() + (self.stage3.planned_rounds() if self.stage3 is not None else 0)
 
     def result_blocks(self) -> dict[str, Any]:
         """Stage 3's blocks (if it runs) and FedCorr's detection and correction metrics."""
         blocks = self.stage3.result_blocks() if self.stage3 is not None else {}
         return {**blocks, "fedcorr": self.monitor.results()} if self.monitor else blocks
+
+    def stages12_rounds(self) -> int:
+        """The rounds of stages 1 and 2."""
+        return self.settings.stages12_rounds(len(self.federation.partition_ids))
+
+    def stage_ends(self) -> list[int]:
+        """The last rounds of stage 1 and of stage 2 (one round when there is no finetuning)."""
+        n = len(self.federation.partition_ids)
+        stage1 = self.settings.t1 * math.ceil(n / self.settings.stage1_round_size(n))
+        return sorted({stage1, self.stages12_rounds()})
+
+    def state(self) -> dict[str, Any]:
+        """FedCorr's own state, and stage 3's under ``stage3`` (None without a stage 3)."""
+        return {**super().state(), "stage3": None if self.stage3 is None else self.stage3.state()}
+
+    def restore(self, state: dict[str, Any]) -> None:
+        """Continue from ``state()``; stage 3's part, when given, goes to stage 3 (a run that takes
+        another run's stages 1-2 gives none: its stage 3 starts fresh)."""
+        own = dict(state)
+        stage3 = own.pop("stage3", None)
+        super().restore(own)
+        if stage3 is not None and self.stage3 is not None:
+            self.stage3.restore(stage3)
+
+    def inherit(self, state: dict[str, Any]) -> None:
+        """Take over another run's state at the end of its stage 2 (``stages12_from``): FedCorr's own,
+        not its stage 3's."""
+        self.restore({**state, "stage3": None})
 
     def start(self, grid: Grid, initial_arrays: ArrayRecord, num_rounds: int | None = None,
               timeout: float = 3600, *args: Any, **kwargs: Any) -> Result:

@@ -206,6 +206,10 @@ class FedDiv(FedAvg):
         """The warm-up's rounds, then T main rounds."""
         return self.warmup_rounds + self.num_rounds
 
+    def stage_ends(self) -> list[int]:
+        """The warm-up's last round, if there is a warm-up."""
+        return [self.warmup_rounds] if self.warmup_rounds else []
+
     def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
                         grid: Grid) -> Iterable[Message]:
         """A warm-up round (the next client of this iteration's order) or a main round (a sample)."""

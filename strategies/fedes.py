@@ -156,6 +156,10 @@ class FedES(FedAvg):
         """Log the three phases' rounds and the switches."""
         log.info("FedES: %d rounds in all; %s", self.num_rounds, self.settings)
 
+    def stage_ends(self) -> list[int]:
+        """The last pre-training round and the (first) estimation round."""
+        return [s for s in (self.settings.s1, self.settings.s1 + 1) if s < self.num_rounds]
+
     def phase(self, server_round: int) -> str:
         """The stage of ``server_round`` (``phase_of``)."""
         return phase_of(server_round, self.settings.s1, self.settings.reestimate_every)

@@ -156,6 +156,10 @@ class FedNoRo(FedAvg):
         return FedNoRoIns(noisy=noisy, kd_weight=weight, temperature=s.kd_temperature, la_tau=s.la_tau,
                           absent_classes=s.absent_classes)
 
+    def stage_ends(self) -> list[int]:
+        """The warm-up's last round (detection comes next)."""
+        return [self.warmup]
+
     def detection_due(self) -> bool:
         """Whether to detect before this round: right after the warm-up, and with ``redetect_every``
         every that many rounds after."""
