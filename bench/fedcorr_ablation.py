@@ -49,7 +49,8 @@ def main() -> None:
     parser.add_argument("--seeds", nargs="+", type=int, default=[1])
     parser.add_argument("--rows", nargs="+", choices=ROWS, default=list(ROWS), metavar="ROW",
                         help=f"the rows to run, of {', '.join(ROWS)} (default: all)")
-    parser.add_argument("--reuse", action="store_true", help="reuse finished runs with the same config")
+    parser.add_argument("--reuse", action="store_true",
+                        help="reuse finished runs with the same config, resume stopped ones from their checkpoint")
     parser.add_argument("overrides", nargs="*", default=[])
     args = parser.parse_args()
     rho, tau = parse_setting(args.setting, "--setting")

@@ -12,7 +12,8 @@ run for the ``--variant-seeds`` (default: the first seed); repeat --variant for 
 --plateau-cap R > 0 it also runs FedAvg for R rounds and FedCorr with R stage-3 rounds, and finds each
 one's plateau: the first round at which test accuracy moved less than 0.3 points over the previous 20
 rounds (FedCorr: over its stage-3 rounds). --reuse skips every run whose results.json under
-outputs/bench-fedcorr/ finished with the same config, so the benchmark resumes where it was stopped.
+outputs/bench-fedcorr/ finished with the same config and continues a run stopped mid-run from its latest
+checkpoint, so the benchmark resumes where it was stopped.
 Prints one table: per setting and column, mean ± std over its seeds (sample std; one seed: the value).
 """
 
@@ -111,7 +112,8 @@ def main() -> None:
                         help="seeds of the --variant columns (default: the first of --seeds)")
     parser.add_argument("--plateau-cap", type=int, default=0,
                         help="FedAvg rounds / FedCorr stage-3 rounds of the plateau runs (0: skip them)")
-    parser.add_argument("--reuse", action="store_true", help="reuse finished runs with the same config")
+    parser.add_argument("--reuse", action="store_true",
+                        help="reuse finished runs with the same config, resume stopped ones from their checkpoint")
     parser.add_argument("overrides", nargs="*", default=[])
     args = parser.parse_args()
     variants = parse_variants(args.variant)

@@ -1,8 +1,9 @@
 """The field table on Fashion-MNIST: FedAvg, FedProx, FedCorr, FedLSR, FedNoRo, FedDiv and FedES at
 one communication cost, under FedCorr's noise (IID and non-IID) and FedES's noise.
 
-    .venv/bin/python bench/field_fmnist.py [--cells corr-iid ...] [--columns fedavg ...] [--seeds 1]
-        [--more-seeds 2 3] [--budget 600] [--experiment fmnist] [--reuse | --report] [-- Hydra overrides]
+    .venv/bin/python bench/field_fmnist.py [--cells corr-iid ...] [--columns fedavg fedcorr+poc ...] [--seeds 1]
+        [--more-seeds 2 3] [--budget 600] [--experiment fmnist] [--reuse | --report] [--outputs outputs]
+        [-- Hydra overrides]
 
 Cells (100 clients, LeNet-5, experiment=fmnist):
 - corr-iid: FedCorr's noise (rho, tau) = (0.6, 0.5), IID; seeds 1-3 (``--more-seeds``).
@@ -15,7 +16,17 @@ FedAvg, FedProx, FedLSR and FedNoRo 60 rounds of 10 clients; FedCorr T1 = 2, T2 
 rest; FedDiv 2 warm-up iterations and 40 rounds; FedES s1 = 10 rounds, one all-client estimation
 round, then SeGD rounds. Prints best / final / last-10-round mean test accuracy per cell and each
 method's detection F1 against the ground truth (FedES: its quality estimate's MSE instead), then
-the papers' CIFAR-10 numbers for the same kind of cell. Runs: outputs/bench-field/<cell>/seed<seed>/<column>/.
+the papers' CIFAR-10 numbers for the same kind of cell. Runs:
+outputs/bench-field/<experiment>-budget<B>/<cell>/seed<seed>/<column>/ (``--outputs``: another folder
+than outputs/).
+
+``--columns`` also takes FedCorr with another stage 3, ``fedcorr+<strategy>`` (fedcorr+feddyn,
+fedcorr+poc, ...; not in the default table). The FedCorr columns of one cell and seed run FedCorr's
+stages 1-2 once: the plain fedcorr column first (it keeps its stage-2 checkpoint; without it the first
+FedCorr column), then every other one takes them over from it (``strategy.stages12_from``) and runs only
+its stage 3, with the same results as from round 0; overrides that change stages 1-2 for one column
+make it run its own. The end of the output says the time that saved. --reuse also continues a run
+stopped mid-run from its latest checkpoint (``resuming <out_dir> from round R``) instead of round 0.
 """
 
 from __future__ import annotations
@@ -23,9 +34,24 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from runs import ConfigError, check_all, finished, main_with_clear_errors, run, spread
+from runs import (
+    ConfigError,
+    Ledger,
+    check_all,
+    finished,
+    main_with_clear_errors,
+    print_time_saved,
+    run_plan,
+    spread,
+)
+
+# Imported after runs, which puts the project root ahead of bench/ (whose data.py is not our package).
+from strategies.fedcorr import stage3_classes  # noqa: E402
 
 COLUMNS = ("fedavg", "fedprox", "fedcorr", "fedlsr", "fednoro", "feddiv", "fedes")
+# FedCorr with another stage 3: columns on request, sharing the fedcorr column's stages 1-2.
+FEDCORR_WITH = tuple(f"fedcorr+{name}" for name in stage3_classes() if name != "fedavg")
+CHOICES = (*COLUMNS, *FEDCORR_WITH)
 CELLS = {
     "corr-iid": ["noise=fedcorr", "noise.rho=0.6", "noise.tau=0.5", "partition=iid"],
     "corr-noniid": ["noise=fedcorr", "noise.rho=0.6", "noise.tau=0.5", "partition=fedcorr_noniid",
@@ -50,15 +76,18 @@ PAPERS = {
 }
 
 
-def cell_run(cell: str, column: str, seed: int, budget: int, experiment: str, extra: list[str]) -> list[str]:
-    """All overrides of one run."""
-    return [f"experiment={experiment}", *CELLS[cell], f"strategy={column}", f"comm_budget={budget}", *extra,
-            f"seed={seed}", f"out_dir=outputs/bench-field/{experiment}-budget{budget}/{cell}/seed{seed}/{column}"]
+def cell_run(cell: str, column: str, seed: int, budget: int, experiment: str, extra: list[str],
+             outputs: str = "outputs") -> list[str]:
+    """All overrides of one run (``fedcorr+<name>``: FedCorr with stage 3 ``name``)."""
+    method, _, stage3 = column.partition("+")
+    strategy = [f"strategy={method}", *([f"strategy.stage3={stage3}"] if stage3 else [])]
+    return [f"experiment={experiment}", *CELLS[cell], *strategy, f"comm_budget={budget}", *extra,
+            f"seed={seed}", f"out_dir={outputs}/bench-field/{experiment}-budget{budget}/{cell}/seed{seed}/{column}"]
 
 
 def detection_f1(payload: dict[str, Any] | None, column: str) -> float | None:
     """The F1 of the clients a method treats as noisy against the truly noisy ones (None: no detection)."""
-    block = (payload or {}).get(column) or {}
+    block = (payload or {}).get(column.partition("+")[0]) or {}
     detection = block.get("detection")
     return detection["f1"] if detection else None
 
@@ -78,33 +107,42 @@ def main() -> None:
     """Run (or reuse; with --report only read) the table's runs and print it."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--cells", nargs="+", choices=list(CELLS), default=list(CELLS), metavar="CELL")
-    parser.add_argument("--columns", nargs="+", choices=COLUMNS, default=list(COLUMNS), metavar="COLUMN")
+    parser.add_argument("--columns", nargs="+", choices=CHOICES, default=list(COLUMNS), metavar="COLUMN",
+                        help=f"of {', '.join(COLUMNS)} (the default), and FedCorr with another stage 3: "
+                             f"{', '.join(FEDCORR_WITH)}")
     parser.add_argument("--seeds", nargs="+", type=int, default=[1], help="seeds of every cell")
     parser.add_argument("--more-seeds", nargs="*", type=int, default=[2, 3],
                         help=f"further seeds of the {SEEDED_CELL} cell")
     parser.add_argument("--budget", type=int, default=600, help="client participations per run")
     parser.add_argument("--experiment", default="fmnist", help="conf/experiment preset (smoke: a quick check)")
-    parser.add_argument("--reuse", action="store_true", help="reuse finished runs with the same config")
+    parser.add_argument("--reuse", action="store_true",
+                        help="reuse finished runs with the same config, resume stopped ones from their checkpoint")
     parser.add_argument("--report", action="store_true",
                         help="run nothing: print the table of the runs finished so far ('-' for the others)")
+    parser.add_argument("--outputs", default="outputs", help="the folder bench-field/ goes in")
     parser.add_argument("overrides", nargs="*", default=[])
     args = parser.parse_args()
     if args.budget < 1:
         raise ConfigError(f"--budget {args.budget} is invalid: allowed is an integer >= 1")
     seeds = {cell: sorted(set(args.seeds) | (set(args.more_seeds) if cell == SEEDED_CELL else set()))
              for cell in args.cells}
-    planned = {(cell, column, seed): cell_run(cell, column, seed, args.budget, args.experiment, args.overrides)
+    planned = {(cell, column, seed): cell_run(cell, column, seed, args.budget, args.experiment, args.overrides,
+                                              args.outputs)
                for cell in args.cells for seed in seeds[cell] for column in args.columns}
     check_all(list(planned.values()), args.reuse or args.report)
     # Seed 1 of every cell first, so each cell's first row is complete early.
     order = sorted(planned, key=lambda key: (key[2], args.cells.index(key[0]), args.columns.index(key[1])))
-    done = {key: finished(planned[key]) if args.report else run(planned[key], args.reuse) for key in order}
+    ledger = Ledger()
+    done = ({key: finished(planned[key]) for key in order} if args.report
+            else run_plan(planned, order, args.reuse, ledger))
 
     print(f"\nThe field on {args.experiment} at comm_budget={args.budget} client participations "
           f"(overrides {args.overrides}); test accuracy %, mean ± std over the seeds")
     for cell in args.cells:
         print(f"\n{cell} ({', '.join(CELLS[cell])}; seeds {seeds[cell]})")
-        print(f"{'method':<9} {'best':>13} {'final':>13} {'last-10':>13} {'detect F1':>10} {'CIFAR-10 paper':>15}")
+        width = max(9, *map(len, args.columns))
+        print(f"{'method':<{width}} {'best':>13} {'final':>13} {'last-10':>13} {'detect F1':>10} "
+              f"{'CIFAR-10 paper':>15}")
         for column in args.columns:
             payloads = [done[(cell, column, seed)] for seed in seeds[cell]]
             f1 = [detection_f1(p, column) for p in payloads]
@@ -112,9 +150,10 @@ def main() -> None:
             if column == "fedes" and any(quality_mse(p) is not None for p in payloads):
                 detect = f"MSE {spread([quality_mse(p) for p in payloads], 1, 3)}"
             paper = PAPERS[cell].get(column)
-            print(f"{column:<9} {summary(payloads, 'best_acc'):>13} {summary(payloads, 'final_acc'):>13} "
+            print(f"{column:<{width}} {summary(payloads, 'best_acc'):>13} {summary(payloads, 'final_acc'):>13} "
                   f"{summary(payloads, 'last10_mean_acc'):>13} {detect:>10} "
                   f"{'-' if paper is None else f'{paper:.2f}':>15}")
+    print_time_saved(ledger)
 
 
 if __name__ == "__main__":

@@ -121,7 +121,8 @@ def main() -> None:
     parser.add_argument("--lr", type=float, default=LENET_LR, help="LeNet-5's local learning rate")
     parser.add_argument("--lr-sweep", nargs="+", type=float, default=None, metavar="LR",
                         help="only run clean FedAvg at these learning rates and print them")
-    parser.add_argument("--reuse", action="store_true", help="reuse finished runs with the same config")
+    parser.add_argument("--reuse", action="store_true",
+                        help="reuse finished runs with the same config, resume stopped ones from their checkpoint")
     parser.add_argument("--report", action="store_true",
                         help="run nothing: print the table of the runs finished so far ('-' for the others)")
     parser.add_argument("overrides", nargs="*", default=[])

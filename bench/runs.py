@@ -1,14 +1,26 @@
-"""What the accuracy benchmarks share: running one configured simulation (or reusing its finished
-results), and finding where a run's test accuracy plateaus."""
+"""What the accuracy benchmarks share: running one configured simulation (reusing its finished
+results, or resuming it from its checkpoint), FedCorr runs that take over another planned run's stages
+1-2, and finding where a run's test accuracy plateaus.
+
+With ``reuse`` a run already finished with the same config is not run again, and an unfinished one
+(stopped mid-run) whose ``checkpoints/run.json`` holds the same config continues from its latest
+checkpoint (``resume=true``; one line ``resuming <out_dir> from round R``). ``run_plan`` runs a
+benchmark's runs in order; FedCorr runs that differ only in what their stage 3 reads (``stages12_groups``)
+run stages 1-2 once: the group's first run (the plain FedCorr one if planned) does them, the others take
+them over from its stage-2 checkpoint (``strategy.stages12_from``), and ``print_time_saved`` says what
+that saved.
+"""
 
 from __future__ import annotations
 
 import json
 import os
 import sys
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Hashable, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 os.environ.setdefault("FLWR_TELEMETRY_ENABLED", "0")
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -18,15 +30,24 @@ from omegaconf import DictConfig, OmegaConf  # noqa: E402
 import sim  # noqa: E402
 from common.errors import ConfigError  # noqa: E402
 from reports.tables import mean_std  # noqa: E402
-from server.config import load_run  # noqa: E402
+from server.checkpoints import CheckpointStore, config_changes  # noqa: E402
+from server.config import BOOKKEEPING_KEYS, EXECUTION_KEYS, load_run  # noqa: E402
 from settings.compose import compose_config  # noqa: E402
+from strategies.fedcorr import FedCorrSettings  # noqa: E402
+
+Key = TypeVar("Key", bound=Hashable)
 
 PLATEAU_WINDOW = 20
 PLATEAU_POINTS = 0.003
+STAGES12_FROM = "strategy.stages12_from"
+# Keys in which a finished run may differ from the planned one and still be its run: ``resume`` only
+# says how it was started, and a run that took its stages 1-2 from another run computes what the same
+# run from round 0 computes (check_start makes sure the two runs agree in everything else).
+REUSE_IGNORES = ("resume", STAGES12_FROM)
 
 
 def finished_results(out_dir: str, config: dict[str, Any]) -> dict[str, Any] | None:
-    """The results in ``out_dir`` if that run completed with exactly ``config``; else None.
+    """The results in ``out_dir`` if that run completed with ``config`` (but ``REUSE_IGNORES``); else None.
 
     A completed run there with a different config is an error rather than a rerun: rerunning would
     overwrite hours of finished work because, say, a default changed since. The message names the
@@ -37,8 +58,9 @@ def finished_results(out_dir: str, config: dict[str, Any]) -> dict[str, Any] | N
     payload = json.loads(path.read_text())
     if not payload.get("complete"):
         return None
-    if payload.get("config") != config:
-        changed = ", ".join(differing_keys(payload.get("config") or {}, config)[:8])
+    changes = [key for key in differing_keys(payload.get("config") or {}, config) if key not in REUSE_IGNORES]
+    if changes:
+        changed = ", ".join(changes[:8])
         raise ConfigError(f"{path} holds a finished run with another config (differs in: {changed}); "
                           f"--reuse will not overwrite it: remove {out_dir} to rerun it, or run without --reuse")
     return payload
@@ -68,19 +90,270 @@ def finished(overrides: list[str]) -> dict[str, Any] | None:
 
 def finished_run(cfg: DictConfig) -> dict[str, Any] | None:
     """``finished_results`` for a composed config: its out_dir, its resolved values."""
-    return finished_results(cfg.out_dir, OmegaConf.to_container(cfg, resolve=True))
+    return finished_results(cfg.out_dir, resolved_values(cfg))
 
 
-def run(overrides: list[str], reuse: bool = False) -> dict[str, Any]:
+def resolved_values(cfg: DictConfig) -> dict[str, Any]:
+    """A composed config's resolved values, as results.json and run.json hold them."""
+    values = OmegaConf.to_container(cfg, resolve=True)
+    assert isinstance(values, dict)
+    return {str(key): value for key, value in values.items()}
+
+
+def resume_round(out_dir: str, config: dict[str, Any]) -> int | None:
+    """The round of the latest checkpoint of the unfinished run in ``out_dir`` if it was started with
+    ``config`` (but the keys a resume may change, as ``resume=true`` checks); None when there is no
+    such run or it wrote no checkpoint yet (it would start from round 0 anyway)."""
+    store = CheckpointStore(out_dir)
+    record = store.record()
+    if record is None or config_changes(record.config, config, EXECUTION_KEYS):
+        return None
+    files = store.files()
+    return files[-1][0] if files else None
+
+
+@dataclass
+class Outcome:
+    """How the benchmark got one run's results, and the time it took by the benchmark's own clock.
+
+    how: ``reused`` (finished before), ``resumed`` (from its own checkpoint of ``resumed_from``),
+    ``inherited`` (its stages 1-2 taken over from ``source``, up to round ``stage2_round``) or ``ran``.
+    seconds: wall time of this process on the run, Ray start-up included (results.json's ``wall_s`` of an
+    inherited run includes its source's stages 1-2, of a resumed run the earlier attempts).
+    """
+
+    out_dir: str
+    how: str
+    seconds: float
+    payload: dict[str, Any]
+    resumed_from: int | None = None
+    source: str | None = None
+    stage2_round: int | None = None
+
+
+@dataclass
+class Ledger:
+    """The outcomes of a benchmark's runs in this invocation; ``shared``: how many planned runs take
+    their stages 1-2 over from another planned run (``run_plan``)."""
+
+    outcomes: list[Outcome] = field(default_factory=list)
+    shared: int = 0
+
+
+def run(overrides: list[str], reuse: bool = False, ledger: Ledger | None = None) -> dict[str, Any]:
     """One simulation with these Hydra overrides. ``reuse``: return a finished run with the same
-    resolved config instead of running it again (so a long benchmark can be stopped and resumed)."""
+    resolved config instead of running it again, and continue an unfinished one with the same config
+    from its latest checkpoint (so a long benchmark can be stopped and resumed, even mid-run).
+    ``ledger`` gets the run's ``Outcome``."""
     cfg, overrides = planned(overrides)
+    resumed_from = None
     if reuse:
         done = finished_run(cfg)
         if done is not None:
             print(f"reusing {cfg.out_dir}/results.json", flush=True)
+            if ledger is not None:
+                ledger.outcomes.append(Outcome(str(cfg.out_dir), "reused", 0.0, done))
             return done
-    return sim.run(cfg, overrides)
+        resumed_from = resume_round(cfg.out_dir, resolved_values(cfg))
+        if resumed_from is not None:
+            print(f"resuming {cfg.out_dir} from round {resumed_from}", flush=True)
+            cfg, overrides = planned([*overrides, "resume=true"])
+    source = cfg.strategy.get("stages12_from") if resumed_from is None else None
+    start = time.perf_counter()
+    payload = sim.run(cfg, overrides)
+    seconds = time.perf_counter() - start
+    if ledger is not None:
+        how = "resumed" if resumed_from is not None else "inherited" if source else "ran"
+        stage2_round = parent_round(cfg.out_dir) if source else None
+        ledger.outcomes.append(Outcome(str(cfg.out_dir), how, seconds, payload, resumed_from, source, stage2_round))
+    return payload
+
+
+def parent_round(out_dir: str) -> int | None:
+    """The round of the checkpoint the run in ``out_dir`` started from, if it started from another run's."""
+    record = CheckpointStore(out_dir).record()
+    return record.lineage.parent_round if record is not None and record.lineage.parent else None
+
+
+def resolved_config(overrides: list[str]) -> dict[str, Any]:
+    """The resolved config of a planned run, as its results.json will hold it."""
+    return resolved_values(planned(overrides)[0])
+
+
+def stages12_ignores() -> frozenset[str]:
+    """What a FedCorr run may change from the run it takes stages 1-2 from (``server.config.check_start``)."""
+    return EXECUTION_KEYS | BOOKKEEPING_KEYS | {f"strategy.{key}" for key in FedCorrSettings.stage3_keys}
+
+
+def shares_stages12(config: dict[str, Any]) -> bool:
+    """Whether a run is a FedCorr run that does its own stages 1-2 (none set ``stages12_from``)."""
+    strategy = config.get("strategy") or {}
+    return strategy.get("name") == "fedcorr" and strategy.get("stages12_from") is None
+
+
+def stages12_groups(configs: Mapping[Key, dict[str, Any]]) -> dict[Key, Key]:
+    """For every planned FedCorr run that can take its stages 1-2 over from another planned run: that
+    run's key. Runs share when their resolved configs differ only in what ``check_start`` allows (stage
+    3's keys, out_dir, the budget, checkpoint and execution settings); a run that changes anything
+    else (stage 1's learner, T2, the seed, the scene) does its own. Each group's source is its plain
+    FedCorr run (stage 3 FedAvg) if it has one, else its first run in ``configs``' order."""
+    ignore = stages12_ignores()
+    groups: list[list[Key]] = []
+    for key, config in configs.items():
+        if not shares_stages12(config):
+            continue
+        group = next((group for group in groups if not config_changes(configs[group[0]], config, ignore)), None)
+        if group is None:
+            groups.append([key])
+        else:
+            group.append(key)
+    sources: dict[Key, Key] = {}
+    for group in groups:
+        plain = [key for key in group if configs[key]["strategy"].get("stage3") == "fedavg"]
+        source = plain[0] if plain else group[0]
+        sources.update({key: source for key in group if key != source})
+    return sources
+
+
+def stage2_round(overrides: list[str]) -> int:
+    """The last round of a planned FedCorr run's stage 2 (where a run that takes its stages 1-2 over starts)."""
+    plan = load_run(planned(overrides)[0])
+    settings = plan.strategy.settings
+    assert isinstance(settings, FedCorrSettings)
+    return settings.stages12_rounds(plan.settings.num_clients)
+
+
+def inheritable(out_dir: str, checkpoint_round: int) -> bool:
+    """Whether the run in ``out_dir`` did its stages 1-2 itself and kept its checkpoint of ``checkpoint_round``."""
+    store = CheckpointStore(out_dir)
+    record = store.record()
+    return record is not None and not record.lineage.parent and store.at(checkpoint_round) is not None
+
+
+def inheriting(overrides: list[str], source_overrides: list[str]) -> list[str]:
+    """A run's overrides taking stages 1-2 over from the planned run of ``source_overrides`` when that
+    run (finished or not) kept its stage-2 checkpoint; else the run's own overrides, and a line saying so."""
+    source = str(planned(source_overrides)[0].out_dir)
+    checkpoint_round = stage2_round(overrides)
+    if inheritable(source, checkpoint_round):
+        return [*overrides, f"{STAGES12_FROM}={source}"]
+    print(f"{planned(overrides)[0].out_dir} runs its own stages 1-2: {source} holds no checkpoint of round "
+          f"{checkpoint_round} from stages 1-2 it ran itself (a run made before checkpoints, or one that took "
+          f"them over)", flush=True)
+    return overrides
+
+
+def run_plan(plan: Mapping[Key, list[str]], order: list[Key], reuse: bool = False,
+             ledger: Ledger | None = None) -> dict[Key, dict[str, Any]]:
+    """Run (or reuse, or resume) the planned runs in ``order``, FedCorr runs that can share stages 1-2
+    taking them over from their group's source (run first, before the first run that needs it)."""
+    sources = stages12_groups({key: resolved_config(plan[key]) for key in order})
+    if ledger is not None:
+        ledger.shared += len(sources)
+    done: dict[Key, dict[str, Any]] = {}
+
+    def obtain(key: Key) -> None:
+        if key in done:
+            return
+        overrides = plan[key]
+        source = sources.get(key)
+        if source is not None:
+            obtain(source)
+            if not (reuse and finished(overrides) is not None):
+                overrides = inheriting(overrides, plan[source])
+        done[key] = run(overrides, reuse, ledger)
+
+    for key in order:
+        obtain(key)
+    return {key: done[key] for key in order}
+
+
+def stages12_seconds(payload: dict[str, Any], stage2_round: int) -> float | None:
+    """How long a run's stages 1-2 took: ``elapsed_s`` of its round ``stage2_round`` (the results
+    writer's clock, from its first round over every attempt; Ray start-up and the scene not counted)."""
+    return next((row["elapsed_s"] for row in payload.get("rounds", []) if row["round"] == stage2_round), None)
+
+
+def round_seconds(payload: dict[str, Any], server_round: int) -> float | None:
+    """How long round ``server_round`` of a run took (``elapsed_s`` since the round before it)."""
+    end, before = stages12_seconds(payload, server_round), stages12_seconds(payload, server_round - 1)
+    return None if end is None or before is None else end - before
+
+
+def run_rounds(out_dir: str) -> list[dict[str, Any]]:
+    """The rounds a run in ``out_dir`` wrote to rounds.jsonl so far (a line cut short by a kill ends them)."""
+    path = Path(out_dir) / "rounds.jsonl"
+    rows: list[dict[str, Any]] = []
+    for line in path.read_text().splitlines() if path.is_file() else []:
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError:
+            break
+    return rows
+
+
+@dataclass(frozen=True)
+class Saving:
+    """What one run that took its stages 1-2 over saved.
+
+    stages12: its source's stages 1-2 seconds (``stages12_seconds``).
+    first_round_extra: how much longer its first round took than the source's same round: there all
+        its nodes start up (load their data, their state), which the source's did during stages 1-2;
+        None when the source has no such round (no stage 3).
+    """
+
+    run: Outcome
+    stages12: float
+    first_round_extra: float | None
+
+    @property
+    def net(self) -> float:
+        """The stages 1-2 seconds less the first round's extra."""
+        return self.stages12 - (self.first_round_extra or 0.0)
+
+
+def time_saved(ledger: Ledger) -> list[Saving]:
+    """What each run that took its stages 1-2 over from another run in this invocation saved; the
+    source's rounds from the ledger, else from its folder."""
+    by_dir = {Path(outcome.out_dir).resolve(): outcome.payload for outcome in ledger.outcomes}
+    saved = []
+    for outcome in ledger.outcomes:
+        if outcome.how != "inherited" or outcome.source is None or outcome.stage2_round is None:
+            continue
+        source = by_dir.get(Path(outcome.source).resolve()) or {"rounds": run_rounds(outcome.source)}
+        seconds = stages12_seconds(source, outcome.stage2_round)
+        if seconds is None:
+            continue
+        first, theirs = (round_seconds(payload, outcome.stage2_round + 1) for payload in (outcome.payload, source))
+        extra = None if first is None or theirs is None else max(0.0, first - theirs)
+        saved.append(Saving(outcome, seconds, extra))
+    return saved
+
+
+def print_time_saved(ledger: Ledger) -> None:
+    """What sharing FedCorr's stages 1-2 saved in this invocation, and each run's time by the bench's clock."""
+    if not ledger.shared:
+        return
+    saved = time_saved(ledger)
+    print(f"\nFedCorr's stages 1-2: {ledger.shared} planned run(s) take them over from another planned run "
+          f"(strategy.stages12_from); in this invocation:")
+    for saving in saved:
+        extra = "-" if saving.first_round_extra is None else f"+{saving.first_round_extra:.1f} s"
+        print(f"  {saving.run.out_dir} took them over from {saving.run.source} (round {saving.run.stage2_round}): "
+              f"{saving.stages12:.1f} s of stages 1-2; its first round {extra}")
+    gross = sum(saving.stages12 for saving in saved)
+    extra_total = sum(saving.first_round_extra or 0.0 for saving in saved)
+    print(f"time saved: {sum(saving.net for saving in saved):.1f} s net = {gross:.1f} s of stages 1-2 not run again "
+          f"by {len(saved)} run(s) - {extra_total:.1f} s their first rounds took beyond the source's\n"
+          "  (stages 1-2: the source's elapsed_s at its stage-2 end round in rounds.jsonl, the results writer's "
+          "clock from its first round,\n  without Ray start-up and the scene, which every run pays; first round: "
+          "all of a run's nodes start up there when it skips stages 1-2)")
+    ran = [outcome for outcome in ledger.outcomes if outcome.how != "reused"]
+    if ran:
+        print("bench clock per run (this process, Ray start-up included; results.json's wall_s of a run that "
+              "took stages 1-2 over includes its source's):")
+        for outcome in ran:
+            print(f"  {outcome.seconds:8.1f} s  {outcome.how:<9}  {outcome.out_dir}")
 
 
 def main_with_clear_errors(main: Callable[[], None]) -> None:

@@ -3,7 +3,7 @@ Fig. 4 on Fashion-MNIST, extended to every registered round-based strategy).
 
     .venv/bin/python bench/strategies_fmnist.py [--rhos 0.4 0.6 0.8] [--tau 0.5] [--budget 600]
                                                 [--experiment fmnist] [--methods NAME ... | --figure4]
-                                                [--reuse | --report]
+                                                [--reuse | --report] [--outputs outputs]
                                                 [-- Hydra overrides]
 
 For every rho: every round-based strategy of the registry standalone (FedAvg, FedProx, FedDyn,
@@ -14,9 +14,18 @@ Fig. 4 columns. Defaults: experiment=fmnist (100 clients IID,
 LeNet-5) and the strategies' conf/ settings. Prints best (and final) test accuracy per method and
 the share of participations that went to noisy clients (Power-of-Choice favours high loss), and
 what FedCorr's stages 1-2 reached (a FedCorr run's best may come from them rather than stage 3); every
-run's results.json stays under outputs/bench-strategies/<experiment>-budget<B>/. --reuse skips runs
-already finished with the same config, so a long benchmark resumes where it stopped; --methods runs
-(or reports) only some columns, so two processes can share the table's runs without running one twice.
+run's results.json stays under outputs/bench-strategies/<experiment>-budget<B>/ (``--outputs``: under
+another folder than outputs/). --reuse skips runs already finished with the same config and continues a
+run stopped mid-run from its latest checkpoint (``resuming <out_dir> from round R``), so a long
+benchmark resumes where it stopped; --methods runs (or reports) only some columns, so two processes
+can share the table's runs without running one twice.
+
+The FedCorr columns of one rho differ only in stage 3, so they run FedCorr's stages 1-2 once: the
+first FedCorr column run does them (FedCorr with FedAvg, the plain FedCorr, is not a column here) and
+the others take them over from its stage-2 checkpoint (``strategy.stages12_from``), running only stage
+3, with the results a run from round 0 gets; a column whose overrides change stages 1-2 runs its own.
+The output ends with the time that saved. Processes split by --methods each run the stages 1-2 of
+their own first FedCorr column.
 """
 
 from __future__ import annotations
@@ -26,7 +35,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
-from runs import check_all, finished, main_with_clear_errors, run
+from runs import Ledger, check_all, finished, main_with_clear_errors, print_time_saved, run_plan
 
 # Imported after runs, which puts the project root ahead of bench/ (whose data.py is not our package).
 from data.scene import SCENE_FILE, Scene  # noqa: E402
@@ -53,17 +62,22 @@ def main() -> None:
                         help=f"the columns to run or report, of {', '.join(COLUMNS)} (default: all)")
     parser.add_argument("--figure4", action="store_true", help="only the columns of FedCorr's Fig. 4: "
                                                                 + ", ".join(FIGURE4))
-    parser.add_argument("--reuse", action="store_true", help="reuse finished runs with the same config")
+    parser.add_argument("--reuse", action="store_true",
+                        help="reuse finished runs with the same config, resume stopped ones from their checkpoint")
     parser.add_argument("--report", action="store_true",
                         help="run nothing: print the table of the runs finished so far ('-' for the others)")
+    parser.add_argument("--outputs", default="outputs", help="the folder bench-strategies/ goes in")
     parser.add_argument("overrides", nargs="*", default=[])
     args = parser.parse_args()
     columns = [name for name in COLUMNS if name in (FIGURE4 if args.figure4 else args.methods)]
-    plan = plan_cells(args.rhos, args.tau, args.budget, args.experiment, columns, args.overrides)
+    plan = plan_cells(args.rhos, args.tau, args.budget, args.experiment, columns, args.overrides, args.outputs)
     check_all(list(plan.values()), args.reuse or args.report)
+    ledger = Ledger()
+    payloads = ({cell: finished(overrides) for cell, overrides in plan.items()} if args.report
+                else run_plan(plan, list(plan), args.reuse, ledger))
     table: dict[str, dict[str, dict | None]] = {rho: {} for rho in args.rhos}
-    for (rho, column), overrides in plan.items():
-        table[rho][column] = finished(overrides) if args.report else run(overrides, args.reuse)
+    for (rho, column), payload in payloads.items():
+        table[rho][column] = payload
 
     print(f"\nexperiment={args.experiment}, tau = {args.tau}, overrides {args.overrides}; best/final test "
           f"accuracy (%) at comm_budget={args.budget} client participations")
@@ -75,16 +89,17 @@ def main() -> None:
     print("\nshare of participations (%) that went to noisy clients (FedCorr: stage 3 only)")
     print_table(table, columns, lambda run: f"{100 * noisy_share(run):.1f}")
     print_shared_stages(table)
+    print_time_saved(ledger)
 
 
 def plan_cells(rhos: list[str], tau: str, budget: int, experiment: str, columns: list[str],
-               overrides: list[str]) -> dict[tuple[str, str], list[str]]:
-    """The Hydra overrides of every (rho, column) cell; each cell writes to its own out_dir."""
+               overrides: list[str], outputs: str = "outputs") -> dict[tuple[str, str], list[str]]:
+    """The Hydra overrides of every (rho, column) cell; each cell writes to its own out_dir under ``outputs``."""
     base = [f"experiment={experiment}", f"comm_budget={budget}", *overrides]
     plan: dict[tuple[str, str], list[str]] = {}
     for rho in rhos:
         scene = [*base, "noise=fedcorr", f"noise.rho={rho}", f"noise.tau={tau}"]
-        tag = f"outputs/bench-strategies/{experiment}-budget{budget}/rho{rho}-tau{tau}"
+        tag = f"{outputs}/bench-strategies/{experiment}-budget{budget}/rho{rho}-tau{tau}"
         for column in columns:
             stage3 = column.removeprefix("fedcorr+")
             strategy = [f"strategy={column}"] if stage3 == column else ["strategy=fedcorr", f"strategy.stage3={stage3}"]
@@ -100,8 +115,9 @@ def print_table(table: dict[str, dict[str, dict | None]], columns: list[str], ce
 
 
 def print_shared_stages(table: dict[str, dict[str, dict | None]]) -> None:
-    """FedCorr's columns differ only in stage 3, so their best accuracy may come from the shared
-    stages 1-2; print what those stages reached (one value per rho when the runs agree, as they must)."""
+    """FedCorr's columns differ only in stage 3 and share stages 1-2 (run once, see ``run_plan``), so
+    their best accuracy may come from them; print what those stages reached (one value per rho when the
+    runs agree, as they must)."""
     lines = []
     for rho, row in table.items():
         reached = {stages_best_and_last(run) for column, run in row.items() if column.startswith("fedcorr+") and run}

@@ -1,4 +1,5 @@
-"""Run directories as ``sim.py`` leaves them, read back: results.json, its config and its rounds.
+"""Run directories as ``sim.py`` leaves them, read back: results.json, its config and its rounds (from
+rounds.jsonl while a run is in progress or was killed).
 
 A path may be one run (it holds results.json), a Hydra multirun folder (its runs.txt lists the jobs'
 out_dirs, written by ``sim.py -m``), or any folder with runs below it (bench/ output trees).
@@ -12,11 +13,11 @@ from pathlib import Path
 from typing import Any
 
 from common.errors import InvalidValue
+from common.run_files import RESULTS, read_payload
 
-RESULTS = "results.json"
 MULTIRUN_INDEX = "runs.txt"
 # Keys that tell runs of one configuration apart without changing it: they are not grouped on.
-_NOT_CONFIG = ("seed", "out_dir")
+_NOT_CONFIG = ("seed", "out_dir", "resume")
 
 
 @dataclass(frozen=True)
@@ -69,13 +70,16 @@ class Run:
         return str((self.config.get("strategy") or {}).get("name", "?"))
 
     def group_key(self) -> str:
-        """The config without seed and out_dir: runs with the same key are seeds of one setting."""
-        return json.dumps({k: v for k, v in self.config.items() if k not in _NOT_CONFIG}, sort_keys=True)
+        """The config without seed, out_dir, resume and the run FedCorr's stages 1-2 came from (which
+        give the same results): runs with the same key are seeds of one setting."""
+        config = {k: v for k, v in self.config.items() if k not in _NOT_CONFIG}
+        strategy = {k: v for k, v in (config.get("strategy") or {}).items() if k != "stages12_from"}
+        return json.dumps({**config, "strategy": strategy}, sort_keys=True)
 
 
 def _read(path: Path) -> Run:
     try:
-        payload = json.loads((path / RESULTS).read_text())
+        payload = read_payload(path)
     except (OSError, json.JSONDecodeError) as err:
         raise InvalidValue("RUN_DIR", str(path), f"a readable {RESULTS} ({err})") from None
     if not isinstance(payload, dict) or "rounds" not in payload or "config" not in payload:

@@ -79,7 +79,9 @@ def check_start(settings: RunSettings, strategy: StrategyPlan) -> None:
     exist, have that checkpoint, have computed it itself, and differ from this run only where the
     strategy allows."""
     start = strategy.settings.starts_from(settings.num_clients)
-    if start is None:
+    own = CheckpointStore(settings.out_dir)
+    if start is None or (settings.resume and own.latest() is not None and own.record() is not None):
+        # A run that resumes from its own checkpoint no longer needs the run it started from.
         return
     folder, checkpoint_round = start
     key = "strategy.stages12_from"

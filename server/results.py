@@ -25,9 +25,8 @@ from typing import Any
 import numpy as np
 
 from common.atomic_files import write_json_atomic, write_text_atomic
+from common.run_files import RESULTS, ROUNDS_JSONL, read_payload
 
-RESULTS = "results.json"
-ROUNDS_JSONL = "rounds.jsonl"
 ROUNDS_CSV = "rounds.csv"
 ROUND_FIELDS = ("round", "stage", "test_acc", "test_loss", "clients", "comm_cost", "train_loss", "elapsed_s")
 
@@ -150,29 +149,6 @@ def _csv_lines(rows: list[Any]) -> str:
     buffer = io.StringIO()
     csv.writer(buffer).writerows(rows)
     return buffer.getvalue()
-
-
-def read_rounds(out_dir: str | Path) -> list[dict[str, Any]]:
-    """The rounds in ``rounds.jsonl`` (a line cut short by a kill is not a round)."""
-    rows: list[dict[str, Any]] = []
-    path = Path(out_dir) / ROUNDS_JSONL
-    if not path.is_file():
-        return rows
-    for line in path.read_text().splitlines():
-        try:
-            rows.append(json.loads(line))
-        except json.JSONDecodeError:
-            break
-    return rows
-
-
-def read_payload(out_dir: str | Path) -> dict[str, Any]:
-    """The results payload of a run, finished or not: a run in progress (or killed) gets its rounds
-    from ``rounds.jsonl``."""
-    payload = json.loads((Path(out_dir) / RESULTS).read_text())
-    if "rounds" not in payload:
-        payload["rounds"] = read_rounds(out_dir)
-    return payload
 
 
 def read_results(out_dir: str | Path) -> dict[str, Any]:

@@ -188,4 +188,16 @@ def run_server(grid: Grid, plan: RunPlan) -> dict[str, Any]:
     blocks = strategy.result_blocks()
     for name, block in blocks.items():
         results.write_table(f"{name}_clients.csv", block.get("clients", []))
-    return results.finish(**blocks)
+    return results.finish(**blocks, attempts=attempts_block(settings, start.lineage, results.rounds))
+
+
+def attempts_block(settings: RunSettings, lineage: Lineage, rounds: list[dict[str, Any]]) -> dict[str, Any]:
+    """results.json's ``attempts``: the checkpoint rounds the run resumed from, and the run whose
+    stages 1-2 it took over, with that run's time up to there (which ``summary.wall_s`` and every
+    ``elapsed_s`` include)."""
+    source = None
+    if lineage.parent:
+        taken = next(row["elapsed_s"] for row in rounds if row["round"] == lineage.parent_round)
+        source = {"run_dir": settings.resolved["strategy"].get("stages12_from"), "round": lineage.parent_round,
+                  "elapsed_s": taken}
+    return {"resumed_at": list(lineage.resumed_at), "stages12_from": source}

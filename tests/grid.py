@@ -16,10 +16,12 @@ from collections.abc import Callable, Iterable
 from uuid import uuid4
 
 import numpy as np
-from flwr.app import Context, Error, Message, RecordDict
+from flwr.app import ArrayRecord, Context, Error, Message, RecordDict
 from flwr.common.constant import ErrorCode
 from flwr.serverapp import Grid
 from flwr.supercore.run import Run
+
+from protocol.messages import SCOPE
 
 Handler = Callable[[Message, Context], Message]
 
@@ -45,6 +47,9 @@ class LocalGrid(Grid):
         }
         self.silent: set[int] = set()
         self.delivered: list[Message] = []
+        self._last_handled: dict[int, RecordDict] = {}
+        """Per node, the state scope of the last message it handled (a RecordDict with its ``scope``
+        record, if it carried one), copied as the message was delivered."""
         self._replies: dict[str, Message] = {}
         self._run = Run.create_empty(run_id=1)
 
@@ -54,6 +59,23 @@ class LocalGrid(Grid):
 
     def context_of(self, partition_id: int) -> Context:
         return self.contexts[self.node_of(partition_id)]
+
+    def record_of(self, partition_id: int, key: str) -> ArrayRecord | None:
+        """The node's stored record under ``key`` as the node itself reads it: within the state scope of
+        the last message it handled (its versioned files under its state folder when that message
+        carried a scope, else its ``context.state``); None when it never saved one. Reading leaves the
+        node's context as it was."""
+        from client.node import load_node
+        from client.state_store import enter, load_record
+
+        context = self.context_of(partition_id)
+        scope = self._last_handled.get(self.node_of(partition_id))
+        if scope is None:
+            return load_record(context, key, partition_id)
+        view = Context(run_id=context.run_id, node_id=context.node_id, node_config=context.node_config,
+                       state=copy.deepcopy(context.state), run_config=context.run_config)
+        enter(view, scope, load_node(view).settings.out_dir)
+        return load_record(view, key, partition_id)
 
     def delivered_types(self) -> list[str]:
         """The message type of every delivered message, in order."""
@@ -84,6 +106,8 @@ class LocalGrid(Grid):
             node = message.metadata.dst_node_id
             if node in self.silent:
                 continue
+            self._last_handled[node] = RecordDict(
+                {SCOPE: copy.deepcopy(message.content[SCOPE])} if SCOPE in message.content else {})
             reply = self._handle(copy.deepcopy(message), self.contexts[node])
             reply.metadata.__dict__["_message_id"] = str(uuid4())
             self._replies[message.metadata.message_id] = reply

@@ -275,7 +275,7 @@ def test_each_round_strategy_runs_standalone_over_the_test_grid(run_inprocess, n
     assert payload["test_confusion"]["round"] == 3 and confusion.shape == (10, 10)
     assert np.trace(confusion) / confusion.sum() == pytest.approx(payload["summary"]["final_acc"])
     trained = {pid for row in payload["rounds"] for pid in row["clients"]}
-    with_state = {pid for pid in range(10) if "feddyn-correction" in grid.context_of(pid).state.array_records}
+    with_state = {pid for pid in range(10) if grid.record_of(pid, "feddyn-correction") is not None}
     assert with_state == (trained if name == "feddyn" else set()), "only FedDyn keeps a correction, where trained"
     assert ("poc" in payload) == (name == "poc")
     if name == "poc":

@@ -1,12 +1,16 @@
-"""Resuming benchmarks (bench/runs.py): a finished run is reused only when its config is the same, and
-a finished run with another config is never overwritten by --reuse. And the strategy bench's cells
-(bench/strategies_fmnist.py, bench/fedcorr_ablation.py) compose into the configs their columns name, and
-the FedCorr bench's summaries over seeds."""
+"""Resuming benchmarks (bench/runs.py): a finished run is reused only when its config is the same, a
+finished run with another config is never overwritten by --reuse, and an unfinished run with the same
+config continues from its checkpoint (resume=true). FedCorr runs that differ only in stage 3 share
+stages 1-2 (strategy.stages12_from) and the benches say what that saved. And the strategy bench's cells
+(bench/strategies_fmnist.py, bench/fedcorr_ablation.py, bench/field_fmnist.py) compose into the configs
+their columns name, and the FedCorr bench's summaries over seeds. Nothing here runs a simulation:
+``sim.run`` is replaced by a stand-in that writes what a run leaves behind."""
 
 from __future__ import annotations
 
 import importlib.util
 import json
+import shutil
 import sys
 from pathlib import Path
 
@@ -14,6 +18,7 @@ import pytest
 from omegaconf import OmegaConf
 
 from common.errors import ConfigError
+from server.checkpoints import CheckpointStore, Lineage, RunRecord
 from settings.compose import compose_config
 
 BENCH = Path(__file__).parents[1] / "bench"
@@ -32,6 +37,7 @@ runs = load_bench("runs")
 strategies_bench = load_bench("strategies_fmnist")
 fedcorr_bench = load_bench("fedcorr_fmnist")
 ablation_bench = load_bench("fedcorr_ablation")
+field_bench = load_bench("field_fmnist")
 
 
 def write_results(out_dir: Path, config: dict, complete: bool = True) -> Path:
@@ -151,3 +157,216 @@ def test_ablation_rows_switch_off_one_table_6_component_each():
         off = sorted(key for key, kept in ablation.items() if not kept)
         assert off == ([] if row == "fedcorr" else [row.removeprefix("no-").replace("-", "_")])
     assert all(len(paper) == 7 for paper in ablation_bench.PAPER_TABLE_6.values())
+
+
+# --- resuming a stopped run --------------------------------------------------------------------------
+
+
+def leave_unfinished(out_dir: Path, config: dict, checkpoint_rounds: tuple[int, ...] = (10,),
+                     lineage: Lineage | None = None) -> CheckpointStore:
+    """What a run killed after its checkpoints of ``checkpoint_rounds`` leaves: run.json, the
+    checkpoint files and an incomplete results.json (in place of whatever the folder held)."""
+    shutil.rmtree(out_dir, ignore_errors=True)
+    write_results(out_dir, config, complete=False)
+    store = CheckpointStore(out_dir)
+    store.write_record(RunRecord(config, lineage or Lineage.fresh()))
+    for checkpoint_round in checkpoint_rounds:
+        (store.dir / f"round-{checkpoint_round:07d}.ckpt").write_bytes(b"")
+    return store
+
+
+@pytest.fixture
+def simulations(monkeypatch):
+    """``sim.run`` replaced: records each call's overrides and leaves a finished FedCorr-like run (run.json
+    with its lineage, a stage-2 checkpoint, results.json whose round 35 ends at 12.5 s)."""
+    calls: list[list[str]] = []
+
+    def fake_run(cfg, overrides):
+        calls.append(list(overrides))
+        config = OmegaConf.to_container(cfg, resolve=True)
+        source = config["strategy"].get("stages12_from")
+        lineage = Lineage.fresh()
+        if source and not config["resume"]:
+            lineage = CheckpointStore(source).record().lineage.child(35)
+        store = CheckpointStore(config["out_dir"])
+        store.write_record(RunRecord(config, lineage))
+        (store.dir / "round-0000035-stage.ckpt").write_bytes(b"")
+        payload = {"complete": True, "config": config, "summary": {"best_acc": 0.9},
+                   "rounds": [{"round": r, "elapsed_s": r * 12.5 / 35} for r in range(1, 41)]}
+        Path(config["out_dir"], "results.json").write_text(json.dumps(payload))
+        return payload
+
+    monkeypatch.setattr(runs.sim, "run", fake_run)
+    return calls
+
+
+def test_reuse_resumes_an_unfinished_run_with_the_same_config_from_its_latest_checkpoint(
+        planned, tmp_path, simulations, capsys):
+    overrides, config = planned
+    leave_unfinished(tmp_path / "fedavg", config, (10, 20))
+    runs.run(overrides, reuse=True)
+    assert simulations[-1][-1] == "resume=true"
+    assert f"resuming {tmp_path / 'fedavg'} from round 20" in capsys.readouterr().out
+    # Its results.json now says resume=true: a later --reuse still takes it as the same run.
+    assert json.loads((tmp_path / "fedavg" / "results.json").read_text())["config"]["resume"] is True
+    assert runs.run(overrides, reuse=True)["summary"] == {"best_acc": 0.9}
+    assert len(simulations) == 1
+
+
+def test_the_resume_flag_is_added_only_for_an_unfinished_run_with_the_same_config(planned, tmp_path, simulations):
+    overrides, config = planned
+    out = tmp_path / "fedavg"
+    cases = {
+        "no --reuse": (config, (10,), False),
+        "no checkpoint yet": (config, (), True),
+        "another seed": ({**config, "seed": config["seed"] + 1}, (10,), True),
+        "another stage-3 strategy": ({**config, "strategy": {**config["strategy"], "lr": 0.5}}, (10,), True),
+    }
+    for name, (started_with, checkpoints, reuse) in cases.items():
+        leave_unfinished(out, started_with, checkpoints)
+        runs.run(overrides, reuse=reuse)
+        assert "resume=true" not in simulations[-1], name
+    # What resume=true itself accepts a change in (how the run executes) does not stop the resume.
+    leave_unfinished(out, {**config, "logging": {"tensorboard": True}}, (10,))
+    runs.run(overrides, reuse=True)
+    assert simulations[-1][-1] == "resume=true"
+    assert runs.resume_round(str(tmp_path / "nothing"), config) is None
+
+
+def test_reuse_ignores_how_a_finished_run_was_started(planned, tmp_path):
+    overrides, config = planned
+    started = {**config, "resume": True, "strategy": {**config["strategy"], "stages12_from": "elsewhere"}}
+    write_results(tmp_path / "fedavg", started)
+    assert runs.finished(overrides)["summary"] == {"best_acc": 0.5}
+
+
+# --- FedCorr's stages 1-2, run once -----------------------------------------------------------------
+
+
+def fedcorr_plan(tmp_path: Path, columns: dict[str, list[str]]) -> dict[str, list[str]]:
+    return {name: ["experiment=smoke", "strategy=fedcorr", "comm_budget=60", *extra, f"out_dir={tmp_path / name}"]
+            for name, extra in columns.items()}
+
+
+def test_fedcorr_columns_share_stages_12_when_they_differ_only_in_stage_3(tmp_path):
+    plan = fedcorr_plan(tmp_path, {
+        "feddyn": ["strategy.stage3=feddyn"],
+        "plain": [],
+        "poc-lsr": ["strategy.stage3=poc", "strategy.stage3_learner=lsr", "strategy.t3=7",
+                    "server.checkpoint_every=3", "comm_budget=90"],
+        "no-stage3": ["strategy.ablation.usual_training=false"],
+        "other-t2": ["strategy.stage3=poc", "strategy.t2=4"],            # stage 2 differs: its own
+        "other-seed": ["strategy.stage3=poc", "seed=2"],                 # another scene: its own
+        "other-t2-dyn": ["strategy.stage3=feddyn", "strategy.t2=4"],     # shares with other-t2
+        "given": ["strategy.stage3=poc", f"strategy.stages12_from={tmp_path}/x"],  # already set: left alone
+    })
+    plan["fedavg"] = ["experiment=smoke", "strategy=fedavg", f"out_dir={tmp_path / 'fedavg'}"]
+    sources = runs.stages12_groups({name: runs.resolved_config(overrides) for name, overrides in plan.items()})
+    # The plain FedCorr run (stage 3 FedAvg) is the source even when planned after another.
+    assert sources == {"feddyn": "plain", "poc-lsr": "plain", "no-stage3": "plain", "other-t2-dyn": "other-t2"}
+
+
+def test_strategy_bench_fedcorr_columns_take_stages_12_from_the_first_one_of_their_rho():
+    columns = ["fedavg", "fedcorr+feddyn", "fedcorr+fedmedian", "fedcorr+poc"]
+    plan = strategies_bench.plan_cells(["0.4", "0.8"], "0.5", 60, "smoke", columns, [])
+    sources = runs.stages12_groups({cell: runs.resolved_config(overrides) for cell, overrides in plan.items()})
+    assert sources == {(rho, column): (rho, "fedcorr+feddyn") for rho in ("0.4", "0.8")
+                       for column in ("fedcorr+fedmedian", "fedcorr+poc")}
+
+
+def test_field_bench_fedcorr_columns_share_the_plain_fedcorr_runs_stages_12_per_cell_and_seed():
+    columns = ["fedcorr+poc", "fedavg", "fedcorr", "fedcorr+feddyn"]
+    plan = {(cell, column, seed): field_bench.cell_run(cell, column, seed, 60, "smoke", [])
+            for cell in ("corr-iid", "es-sym0.3") for seed in (1, 2) for column in columns}
+    cfg = compose_config(plan["corr-iid", "fedcorr+poc", 1])
+    assert (cfg.strategy.name, cfg.strategy.stage3, cfg.out_dir) == (
+        "fedcorr", "poc", "outputs/bench-field/smoke-budget60/corr-iid/seed1/fedcorr+poc")
+    sources = runs.stages12_groups({key: runs.resolved_config(overrides) for key, overrides in plan.items()})
+    assert sources == {(cell, column, seed): (cell, "fedcorr", seed) for cell in ("corr-iid", "es-sym0.3")
+                       for seed in (1, 2) for column in ("fedcorr+poc", "fedcorr+feddyn")}
+    assert set(field_bench.FEDCORR_WITH) <= set(field_bench.CHOICES) and "fedcorr+fedavg" not in field_bench.CHOICES
+    assert field_bench.detection_f1({"fedcorr": {"detection": {"f1": 0.9}}}, "fedcorr+poc") == 0.9
+
+
+def test_a_run_takes_stages_12_only_from_a_run_that_kept_its_own_stage_2_checkpoint(tmp_path, capsys):
+    plan = fedcorr_plan(tmp_path, {"plain": [], "poc": ["strategy.stage3=poc"]})
+    assert runs.stage2_round(plan["poc"]) == 35  # smoke: T1 = 3 iterations of 10 one-client rounds, T2 = 5
+    config = runs.resolved_config(plan["plain"])
+    assert runs.inheriting(plan["poc"], plan["plain"]) == plan["poc"]  # nothing there yet
+    store = leave_unfinished(tmp_path / "plain", config, (30,))
+    assert runs.inheriting(plan["poc"], plan["plain"]) == plan["poc"]  # no checkpoint of round 35
+    (store.dir / "round-0000035-stage.ckpt").write_bytes(b"")
+    assert runs.inheriting(plan["poc"], plan["plain"]) == [*plan["poc"], f"strategy.stages12_from={tmp_path / 'plain'}"]
+    store.write_record(RunRecord(config, Lineage.fresh().child(35)))  # took its own stages 1-2 over
+    assert runs.inheriting(plan["poc"], plan["plain"]) == plan["poc"]
+    assert "runs its own stages 1-2" in capsys.readouterr().out
+
+
+def test_run_plan_runs_the_source_first_and_the_others_take_its_stages_12_over(tmp_path, simulations, capsys):
+    plan = fedcorr_plan(tmp_path, {"poc": ["strategy.stage3=poc"], "plain": [], "dyn": ["strategy.stage3=feddyn"]})
+    ledger = runs.Ledger()
+    done = runs.run_plan(plan, ["poc", "plain", "dyn"], ledger=ledger)
+    assert list(done) == ["poc", "plain", "dyn"]
+    source = f"strategy.stages12_from={tmp_path / 'plain'}"
+    assert [call[-2:] for call in simulations] == [[f"out_dir={tmp_path / 'plain'}", "ground_truth=true"],
+                                                   [source, "ground_truth=true"], [source, "ground_truth=true"]]
+    assert [(o.how, o.source, o.stage2_round) for o in ledger.outcomes] == [
+        ("ran", None, None), ("inherited", str(tmp_path / "plain"), 35), ("inherited", str(tmp_path / "plain"), 35)]
+    assert ledger.shared == 2
+    # Run again with --reuse: every run is finished (the inherited ones too, though planned without
+    # stages12_from), nothing runs and nothing is saved this time.
+    capsys.readouterr()
+    again = runs.Ledger()
+    assert runs.run_plan(plan, ["poc", "plain", "dyn"], reuse=True, ledger=again) == done
+    assert len(simulations) == 3 and [o.how for o in again.outcomes] == ["reused"] * 3
+    runs.print_time_saved(again)
+    assert "time saved: 0.0 s net = 0.0 s of stages 1-2 not run again by 0 run(s)" in capsys.readouterr().out
+
+
+def test_a_stopped_inherited_run_resumes_with_its_source_unchanged(tmp_path, simulations, capsys):
+    plan = fedcorr_plan(tmp_path, {"plain": [], "poc": ["strategy.stage3=poc"]})
+    runs.run(plan["plain"])
+    inherited = [*plan["poc"], f"strategy.stages12_from={tmp_path / 'plain'}"]
+    leave_unfinished(tmp_path / "poc", runs.resolved_config(inherited), (38,), Lineage.fresh().child(35))
+    ledger = runs.Ledger()
+    runs.run_plan(plan, ["plain", "poc"], reuse=True, ledger=ledger)
+    assert simulations[-1][-3:] == [f"strategy.stages12_from={tmp_path / 'plain'}", "ground_truth=true", "resume=true"]
+    assert [(o.how, o.resumed_from) for o in ledger.outcomes] == [("reused", None), ("resumed", 38)]
+    assert f"resuming {tmp_path / 'poc'} from round 38" in capsys.readouterr().out
+
+
+def test_time_saved_is_the_sources_stages_12_time_less_the_slower_first_round_of_each_run_that_took_them_over(
+        tmp_path, capsys):
+    # The source: 2 s a round; its stages 1-2 end at round 10 (20 s), round 11 takes 2 s.
+    rounds = [{"round": r, "elapsed_s": 2.0 * r} for r in range(1, 13)]
+    assert runs.stages12_seconds({"rounds": rounds}, 10) == 20.0
+    assert runs.stages12_seconds({"rounds": rounds}, 99) is None
+    assert runs.round_seconds({"rounds": rounds}, 11) == 2.0 and runs.round_seconds({"rounds": rounds}, 1) is None
+    source = runs.Outcome("out/a", "ran", 30.0, {"rounds": rounds})
+
+    def inherited(name: str, first_round: float, source_dir: str = "out/a") -> runs.Outcome:
+        # Its rounds up to 10 are its source's (the results writer continues from the checkpoint).
+        own = [*rounds[:10], {"round": 11, "elapsed_s": 20.0 + first_round},
+               {"round": 12, "elapsed_s": 23.0 + first_round}]
+        return runs.Outcome(f"out/{name}", "inherited", 9.0, {"rounds": own}, source=source_dir, stage2_round=10)
+
+    resumed = runs.Outcome("out/d", "resumed", 5.0, {}, resumed_from=11)
+    # A source outside the ledger (a run of an earlier invocation) is read from its rounds.jsonl, whose
+    # last line a kill cut short; it has no round 11, so the first round's extra is unknown (not counted).
+    far = tmp_path / "far"
+    far.mkdir()
+    (far / "rounds.jsonl").write_text("".join(json.dumps({"round": r, "elapsed_s": 1.5 * r}) + "\n"
+                                              for r in range(1, 11)) + '{"round": 11, "elap')
+    ledger = runs.Ledger([source, inherited("b", 5.0), inherited("c", 1.0), resumed,
+                          inherited("e", 4.0, str(far))], shared=4)
+    saved = runs.time_saved(ledger)
+    assert [(s.run.out_dir, s.stages12, s.first_round_extra, s.net) for s in saved] == [
+        ("out/b", 20.0, 3.0, 17.0), ("out/c", 20.0, 0.0, 20.0), ("out/e", 15.0, None, 15.0)]
+    runs.print_time_saved(ledger)
+    out = capsys.readouterr().out
+    assert "time saved: 52.0 s net = 55.0 s of stages 1-2 not run again by 3 run(s) - 3.0 s" in out
+    assert "elapsed_s at its stage-2 end round" in out
+    assert "out/b took them over from out/a (round 10): 20.0 s of stages 1-2; its first round +3.0 s" in out
+    assert "    30.0 s  ran        out/a" in out and "     9.0 s  inherited  out/b" in out
+    runs.print_time_saved(runs.Ledger([source]))  # nothing planned to share: nothing printed
+    assert capsys.readouterr().out == ""

@@ -13,7 +13,7 @@ from client import node as client_node
 from client.label_state import current_labels, load_local_losses, store_local_losses
 from protocol.codec import ProtocolError
 from protocol.fedcorr import CorrectIns, CorrectRes, LidRes, Stage1Ins
-from protocol.messages import TrainIns, instruction, read_extra, read_reply
+from protocol.messages import StateScope, TrainIns, instruction, read_extra, read_reply, with_scope
 from task.evaluation import loss_and_proba
 
 TRAINING = local_training(lr=0.05, epochs=1, batch_size=16, learner="mixup", prox_weight=0.5)
@@ -24,16 +24,22 @@ def run(prepared_run):
     return prepared_run("experiment=smoke strategy=fedcorr noise.rho=1.0 noise.tau=0.5")
 
 
-def train_stage1(incoming, context: Context, arrays, server_round: int = 1, keep_losses: bool = True):
+def scoped(content: RecordDict, scope: StateScope | None) -> RecordDict:
+    """``content`` as a run's round sends it (with ``scope``), or as a test outside a run does (None)."""
+    return content if scope is None else with_scope(content, scope)
+
+
+def train_stage1(incoming, context: Context, arrays, server_round: int = 1, keep_losses: bool = True,
+                 scope: StateScope | None = None):
     content = instruction(TrainIns(server_round, TRAINING, plugin="fedcorr"), arrays=arrays,
                           plugin_ins=Stage1Ins(lid_k=20, keep_losses=keep_losses), plugin="fedcorr")
-    return client_app.train(incoming(content, "train"), context)
+    return client_app.train(incoming(scoped(content, scope), "train"), context)
 
 
-def correct(incoming, context: Context, arrays, **changes) -> CorrectRes:
+def correct(incoming, context: Context, arrays, scope: StateScope | None = None, **changes) -> CorrectRes:
     settings = {"mode": "stage1", "pi": 0.5, "theta": 0.5, "split_losses": "local", "rank_losses": "global",
                 "relabel": True, "seed": 1, "diagnostics": True, **changes}
-    content = instruction(CorrectIns(**settings), arrays=arrays)
+    content = scoped(instruction(CorrectIns(**settings), arrays=arrays), scope)
     return read_reply(client_app.app(incoming(content, "query.correct"), context).content, CorrectRes, "client")
 
 
@@ -115,29 +121,46 @@ def test_an_unknown_correction_mode_is_refused_naming_the_key(run, incoming, nod
         client_app.app(incoming(content, "query.correct"), node_context(overrides, 0))
 
 
+def labels_in(incoming, context: Context, scope: StateScope | None) -> np.ndarray:
+    """The labels the node reads while handling an instruction of ``scope`` (None: one without a scope)."""
+    node = client_app.node_for(incoming(scoped(RecordDict(), scope), "evaluate"), context)
+    return current_labels(context, node)
+
+
 def test_corrected_labels_survive_a_restarted_supernode_with_a_state_dir(run, incoming, tmp_path):
     overrides, scene, arrays = run
+    own_labels = scene.noisy_labels[scene.rows(2)]
 
-    def node_context(run_id: int = 1) -> Context:
+    def node_context() -> Context:
         # A restarted SuperNode: same node config, but an empty context.state.
-        return Context(run_id=run_id, node_id=77, node_config={"partition-id": 2, "state-dir": str(tmp_path)},
+        return Context(run_id=1, node_id=77, node_config={"partition-id": 2, "state-dir": str(tmp_path)},
                        state=RecordDict(), run_config={"overrides": overrides})
 
+    # An instruction without a scope (outside a run's rounds) keeps the labels in memory only, even
+    # on a node with a state-dir: nothing is written, and a restarted node has its own labels again.
+    in_memory = node_context()
+    assert correct(incoming, in_memory, arrays, mode="stage2", theta=0.0).n_relabeled > 0
+    assert "fedcorr-labels" in in_memory.state.array_records
+    assert not np.array_equal(labels_in(incoming, in_memory, None), own_labels)
+    assert list(tmp_path.iterdir()) == []
+    assert np.array_equal(labels_in(incoming, node_context(), None), own_labels)
+
+    # A run's instruction (with a scope) keeps them on disk, as the version of its round.
     first = node_context()
-    assert correct(incoming, first, arrays, mode="stage2", theta=0.0).n_relabeled > 0
+    assert correct(incoming, first, arrays, StateScope(run="r1", round=1), mode="stage2", theta=0.0).n_relabeled > 0
+    assert "fedcorr-labels" not in first.state.array_records, "on disk, not in context.state"
     corrected = current_labels(first, client_node.load_node(first))
+    assert not np.array_equal(corrected, own_labels)
     saved = list(tmp_path.rglob("*.npz"))
-    assert [p.relative_to(tmp_path).as_posix() for p in saved] == ["run-1/partition-2/fedcorr-labels.npz"]
-    restarted = node_context()
-    assert np.array_equal(current_labels(restarted, client_node.load_node(restarted)), corrected)
+    assert [p.relative_to(tmp_path).as_posix() for p in saved] == ["run-r1/partition-2/fedcorr-labels/r0000001-a1.npz"]
+    # A restarted node (fresh context.state) reads them back in the run's next round.
+    assert np.array_equal(labels_in(incoming, node_context(), StateScope(run="r1", round=2)), corrected)
     # Another run on the same node starts from the node's own labels, not this run's corrections.
-    other_run = node_context(run_id=2)
-    assert np.array_equal(current_labels(other_run, client_node.load_node(other_run)),
-                          scene.noisy_labels[scene.rows(2)])
+    assert np.array_equal(labels_in(incoming, node_context(), StateScope(run="r2", round=1)), own_labels)
     # A torn or foreign file is a clear error, not silently wrong labels.
     saved[0].write_bytes(b"not a zip")
     with pytest.raises(RuntimeError, match="saved state .* is unreadable"):
-        current_labels(node_context(), client_node.load_node(first))
+        labels_in(incoming, node_context(), StateScope(run="r1", round=2))
 
 
 def global_losses(node, arrays) -> np.ndarray:
@@ -228,11 +251,18 @@ def test_local_losses_survive_a_restarted_supernode_with_a_state_dir(run, incomi
         return Context(run_id=1, node_id=78, node_config={"partition-id": 8, "state-dir": str(tmp_path)},
                        state=RecordDict(), run_config={"overrides": overrides})
 
-    train_stage1(incoming, node_context(), arrays)
-    assert (tmp_path / "run-1" / "partition-8" / "fedcorr-local-losses.npz").is_file()
+    trained = node_context()
+    train_stage1(incoming, trained, arrays, scope=StateScope(run="r1", round=1))
+    assert (tmp_path / "run-r1" / "partition-8" / "fedcorr-local-losses" / "r0000001-a1.npz").is_file()
+    assert "fedcorr-local-losses" not in trained.state.array_records, "on disk, not in context.state"
     client_node._load_partition.cache_clear()
     client_node._scene.cache_clear()
-    # A fresh process (empty context.state) finds the losses on disk; the same split as in memory.
+    # A fresh process (empty context.state) finds the losses on disk in the run's next round; the
+    # same split as in memory.
     restarted, again = node_context(), node_context()
-    first = correct(incoming, restarted, arrays, relabel=False)
-    assert first.mu_hat is not None and first == correct(incoming, again, arrays, relabel=False)
+    first = correct(incoming, restarted, arrays, StateScope(run="r1", round=2), relabel=False)
+    assert first.mu_hat is not None
+    assert first == correct(incoming, again, arrays, StateScope(run="r1", round=2), relabel=False)
+    # Another run on the same node has no losses of its own to split on.
+    with pytest.raises(RuntimeError, match="this node kept none"):
+        correct(incoming, node_context(), arrays, StateScope(run="r2", round=1), relabel=False)

@@ -307,7 +307,7 @@ def test_the_client_state_survives_a_restarted_supernode_and_training_continues_
     from client import app as client_app
     from client import node as client_node
     from client.plugins.feddiv import load_state
-    from protocol.messages import TrainIns, instruction, read_arrays, read_extra
+    from protocol.messages import StateScope, TrainIns, instruction, read_arrays, read_extra, with_scope
 
     overrides, _, arrays = prepared_run("experiment=smoke strategy=feddiv")
     params = client_settings(pcs_mode=pcs_mode)
@@ -317,17 +317,24 @@ def test_the_client_state_survives_a_restarted_supernode_and_training_continues_
         return Context(run_id=1, node_id=77, node_config=config, state=RecordDict(),
                        run_config={"overrides": overrides})
 
-    def train(ctx: Context, server_round: int) -> ArrayRecord:
+    def scoped(content: RecordDict, scope: StateScope | None) -> RecordDict:
+        return content if scope is None else with_scope(content, scope)
+
+    def train(ctx: Context, server_round: int, scope: StateScope | None = None) -> ArrayRecord:
         options = FedDivIns(phase="main", params=params, eta=0.0, filter=NoiseFilter(0.1, 0.6, 0.01, 0.05, 0.7, 0.3),
                                 seed=1)
         content = instruction(TrainIns(server_round, local_training(lr=0.05, epochs=2, batch_size=16), plugin="feddiv"),
                               arrays=arrays, plugin_ins=options, plugin="feddiv")
-        reply = client_app.train(incoming(content, "train"), ctx)
+        reply = client_app.train(incoming(scoped(content, scope), "train"), ctx)
         report = read_extra(reply.content, "feddiv", FedDivRes, "client 4")
         assert 0.0 <= report.noise_estimate <= 1.0 and report.filter.mean_clean <= report.filter.mean_noisy
         return read_arrays(reply.content, "client 4")
 
-    kept = context(None)
+    def state_in(ctx: Context, scope: StateScope):
+        """The state the node reads while handling an instruction of ``scope``."""
+        return load_state(ctx, client_app.node_for(incoming(scoped(RecordDict(), scope), "train"), ctx))
+
+    kept = context(None)  # in memory: instructions without a scope on a node without a state-dir
     train(kept, 1)
     state = load_state(kept, client_node.load_node(kept))
     assert state.prior.shape == (10,) and state.prior.sum() == pytest.approx(1.0) and not np.allclose(state.prior, 0.1)
@@ -338,17 +345,23 @@ def test_the_client_state_survives_a_restarted_supernode_and_training_continues_
     expected = train(kept, 2).to_torch_state_dict()
 
     first = context(tmp_path)
-    train(first, 1)
+    train(first, 1, StateScope(run="r1", round=1))
     assert [p.relative_to(tmp_path).as_posix() for p in tmp_path.rglob("*.npz")] == [
-        "run-1/partition-4/feddiv-state.npz"]
+        "run-r1/partition-4/feddiv-state/r0000001-a1.npz"]
+    assert "feddiv-state" not in first.state.array_records, "on disk, not in context.state"
     restarted = context(tmp_path)  # an empty context.state: the state comes from the disk
-    again_state = load_state(restarted, client_node.load_node(restarted))
+    again_state = state_in(restarted, StateScope(run="r1", round=2))
     np.testing.assert_allclose(again_state.prior, state.prior)
     assert again_state.participations == 1
     if pcs_mode == "cached":
         np.testing.assert_array_equal(again_state.debiased, state.debiased)
-    again = train(restarted, 2).to_torch_state_dict()
+    # Another run on the same node starts with a fresh state.
+    assert state_in(context(tmp_path), StateScope(run="r2", round=1)).participations == 0
+    again = train(restarted, 2, StateScope(run="r1", round=2)).to_torch_state_dict()
     assert all(torch.equal(again[key], expected[key]) for key in expected)
+    # The round's version replaces the one before (the server keeps no checkpoint that needs it).
+    assert [p.relative_to(tmp_path).as_posix() for p in tmp_path.rglob("*.npz")] == [
+        "run-r1/partition-4/feddiv-state/r0000002-a1.npz"]
 
 
 def test_a_smoke_run_with_the_released_codes_switches_runs_its_schedule_and_still_filters(run_inprocess):

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from server.progress import Progress
-from server.results import ResultsWriter, read_results, summarise
+from server.results import ResultsWriter, read_payload, read_results, summarise
 
 
 def add(writer: ResultsWriter, r: int, acc: float | None, loss: float | None = 0.5) -> dict:
@@ -16,10 +16,17 @@ def add(writer: ResultsWriter, r: int, acc: float | None, loss: float | None = 0
 def test_results_are_valid_after_every_round_and_complete_at_the_end(tmp_path):
     writer = ResultsWriter(tmp_path / "run", {"seed": 1})
     payload = json.loads((tmp_path / "run" / "results.json").read_text())
-    assert payload["complete"] is False and payload["rounds"] == [] and payload["config"] == {"seed": 1}
+    # Until the run finishes, results.json stays small: no rounds, which are in rounds.jsonl.
+    assert payload["complete"] is False and "rounds" not in payload and payload["config"] == {"seed": 1}
+    assert read_payload(tmp_path / "run")["rounds"] == []
     add(writer, 1, 0.5)
     add(writer, 2, None, None)  # a round without central evaluation
-    partial = json.loads((tmp_path / "run" / "results.json").read_text())
+    written = json.loads((tmp_path / "run" / "results.json").read_text())
+    assert written["complete"] is False and "rounds" not in written
+    assert written["summary"]["comm_cost"] == 4 and written["summary"]["best_acc"] == 0.5
+    lines = (tmp_path / "run" / "rounds.jsonl").read_text().splitlines()
+    assert [json.loads(line)["round"] for line in lines] == [1, 2]
+    partial = read_payload(tmp_path / "run")
     assert [r["round"] for r in partial["rounds"]] == [1, 2] and partial["complete"] is False
     assert partial["rounds"][1]["test_acc"] is None and partial["rounds"][0]["train_loss"] is None
     with pytest.raises(RuntimeError, match="did not complete"):
@@ -28,6 +35,9 @@ def test_results_are_valid_after_every_round_and_complete_at_the_end(tmp_path):
     writer.finish(extra_block={"x": 1})
     final = read_results(tmp_path / "run")
     assert final["complete"] is True and final["extra_block"] == {"x": 1}
+    # Complete: results.json itself holds every round.
+    complete = json.loads((tmp_path / "run" / "results.json").read_text())
+    assert [r["round"] for r in complete["rounds"]] == [1, 2, 3] and complete["rounds"] == final["rounds"]
     assert final["summary"]["best_acc"] == 0.7 and final["summary"]["comm_cost"] == 6
     rows = list(csv.DictReader(open(tmp_path / "run" / "rounds.csv")))
     assert [row["round"] for row in rows] == ["1", "2", "3"]

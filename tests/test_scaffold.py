@@ -81,12 +81,12 @@ def test_option_two_after_one_plain_step_is_the_gradient_at_x():
 
 
 def client_controls(grid, num_clients: int) -> dict[int, dict[str, np.ndarray]]:
-    """Each client's kept control variate c_i (clients that never trained have none)."""
+    """Each client's kept control variate c_i, as the node reads it (clients that never trained have none)."""
     found = {}
     for pid in range(num_clients):
-        records = grid.context_of(pid).state.array_records
-        if STATE_KEY in records:
-            found[pid] = {name: array.numpy() for name, array in records[STATE_KEY].items()}
+        record = grid.record_of(pid, STATE_KEY)
+        if record is not None:
+            found[pid] = {name: array.numpy() for name, array in record.items()}
     return found
 
 

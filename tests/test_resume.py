@@ -1,0 +1,367 @@
+"""Resume after a kill, in process: every strategy killed mid-run (mid-round: some nodes have already
+written this round's state) and resumed ends exactly as an uninterrupted run; FedCorr from each of its
+stages; a run that takes another run's stages 1-2; the checkpoint store, the nodes' state versions
+and the strategy state interface. The SIGKILL tests of real processes are in tests/e2e."""
+
+from __future__ import annotations
+
+import csv
+import json
+import pickle
+from dataclasses import fields, is_dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from flwr.app import Array, ArrayRecord, ConfigRecord, Context, RecordDict
+from grid import LocalGrid
+
+from client.state_store import admitted, enter, load_record, save_record, versions
+from common.errors import ConfigError
+from protocol.messages import StateScope, with_scope
+from reports.runs import find_runs
+from server.checkpoints import Checkpoint, CheckpointStore, Lineage, read_checkpoint
+from server.config import load_run
+from server.discovery import discover
+from server.results import ResultsWriter
+from server.run import initial_model, run_server
+from settings.compose import compose_config
+from strategies.registry import strategy_classes
+
+SMOKE = "experiment=smoke ground_truth=true server.checkpoint_every=2"
+
+# Each stateful strategy's smoke run, small enough for the fast tier.
+RUNS = {
+    "fedavg": "strategy=fedavg strategy.num_rounds=4",
+    "fedprox": "strategy=fedprox strategy.num_rounds=4",
+    "fedmedian": "strategy=fedmedian strategy.num_rounds=4",
+    "fedlsr": "strategy=fedlsr strategy.num_rounds=4",
+    "feddyn": "strategy=feddyn strategy.num_rounds=5",
+    "scaffold": "strategy=scaffold strategy.num_rounds=4",
+    "rfa": "strategy=rfa strategy.num_rounds=4",
+    "poc": "strategy=poc strategy.num_rounds=4",
+    "fednoro": "strategy=fednoro strategy.num_rounds=6",
+    "feddiv": "strategy=feddiv strategy.num_rounds=2",
+    "fedes": "strategy=fedes strategy.num_rounds=5",
+    "fedcorr": "strategy=fedcorr strategy.t1=1 strategy.t2=2 strategy.t3=2 strategy.stage3=feddyn",
+}
+
+
+class Killed(Exception):
+    """The server's process died (raised by the grid before it delivers a message)."""
+
+
+class KillingGrid(LocalGrid):
+    """A test grid whose server dies before delivering message number ``kill_at`` (counting the
+    discovery queries): a kill mid-round leaves some of that round's nodes with state already written."""
+
+    def __init__(self, *args: Any, kill_at: int | None = None, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.kill_at = kill_at
+
+    def push_messages(self, messages):
+        ids = []
+        for message in messages:
+            if self.kill_at is not None and len(self.delivered) >= self.kill_at:
+                raise Killed
+            ids.extend(super().push_messages([message]))
+        return ids
+
+
+@pytest.fixture
+def run_at(flower_identity, tmp_path):
+    """``run_at(overrides, folder, kill_at=None) -> (payload, grid)``: a whole run of the ServerApp
+    logic into ``tmp_path/folder``, on fresh nodes (a restarted process); with ``kill_at`` it dies
+    before that message and returns (None, grid)."""
+    from client.app import app as client_app
+
+    def run(overrides: str, folder: str, kill_at: int | None = None):
+        words = [*f"{SMOKE} {overrides}".split(), f"out_dir={tmp_path / folder}"]
+        plan = load_run(compose_config(words))
+        grid = KillingGrid(client_app, num_nodes=plan.settings.num_clients,
+                           run_config={"overrides": " ".join(words)}, kill_at=kill_at)
+        try:
+            return run_server(grid, plan), grid
+        except Killed:
+            return None, grid
+
+    return run
+
+
+def comparable(payload: dict[str, Any]) -> dict[str, Any]:
+    """A results payload without what differs between two runs of one config: timings, out_dir, resume."""
+    payload = json.loads(json.dumps(payload))
+    payload["summary"].pop("wall_s")
+    payload.pop("attempts")
+    for row in payload["rounds"]:
+        row.pop("elapsed_s")
+    for key in ("out_dir", "resume"):
+        payload["config"].pop(key)
+    payload["config"]["strategy"].pop("stages12_from", None)
+    return payload
+
+
+def client_tables(folder: Path) -> dict[str, str]:
+    return {path.name: path.read_text() for path in sorted(folder.glob("*_clients.csv"))}
+
+
+def assert_same_run(resumed: dict[str, Any], reference: dict[str, Any], tmp_path: Path, folders: tuple[str, str]):
+    assert comparable(resumed) == comparable(reference)
+    assert client_tables(tmp_path / folders[0]) == client_tables(tmp_path / folders[1])
+    rows = [json.loads(line) for line in (tmp_path / folders[0] / "rounds.jsonl").read_text().splitlines()]
+    assert [row["round"] for row in rows] == [row["round"] for row in reference["rounds"]]
+    with open(tmp_path / folders[0] / "rounds.csv") as table:
+        assert [int(row["round"]) for row in csv.DictReader(table)] == [row["round"] for row in reference["rounds"]]
+
+
+@pytest.mark.parametrize("name", sorted(RUNS))
+def test_a_run_killed_mid_round_resumes_to_the_uninterrupted_result(run_at, tmp_path, name):
+    reference, whole = run_at(RUNS[name], "reference")
+    rounds = len(reference["rounds"])
+    # Die about two thirds in, in the middle of a round's deliveries.
+    kill_at = 10 + (len(whole.delivered) - 10) * 2 // 3
+    killed, grid = run_at(RUNS[name], "resumed", kill_at=kill_at)
+    assert killed is None and len(grid.delivered) == kill_at
+    store = CheckpointStore(tmp_path / "resumed")
+    assert store.latest() is not None and max(store.rounds()) < rounds, "killed after a checkpoint, before the end"
+    resumed, _ = run_at(f"{RUNS[name]} resume=true", "resumed")
+    assert_same_run(resumed, reference, tmp_path, ("resumed", "reference"))
+
+
+def test_a_second_kill_after_a_resume_still_resumes_identically(run_at, tmp_path):
+    overrides = RUNS["feddyn"]
+    reference, whole = run_at(overrides, "reference")
+    # Killed in round 3 (checkpoint of round 2), resumed, killed again in round 5 (checkpoint of round 4).
+    for kill_at, again in ((18, ""), (17, " resume=true")):
+        assert run_at(overrides + again, "resumed", kill_at=kill_at)[0] is None
+    resumed, _ = run_at(f"{overrides} resume=true", "resumed")
+    assert_same_run(resumed, reference, tmp_path, ("resumed", "reference"))
+    assert resumed["attempts"] == {"resumed_at": [2, 4], "stages12_from": None}
+    # The nodes' state carries the attempts' numbers; nothing a dead attempt wrote after its resume point is left.
+    record = CheckpointStore(tmp_path / "resumed").record()
+    assert record is not None and len(record.lineage.resumed_at) == 2
+    for folder in (tmp_path / "resumed" / "client_state").glob("run-*/partition-*/*"):
+        assert all(admitted(version, record.lineage.resumed_at) for version in versions(folder))
+
+
+def test_stages12_from_runs_only_stage3_and_equals_a_whole_run(run_at, tmp_path):
+    base = "strategy=fedcorr strategy.t1=1 strategy.t2=2"
+    run_at(f"{base} strategy.t3=1", "source")
+    reference, _ = run_at(f"{base} strategy.t3=3 strategy.stage3=feddyn", "whole")
+    taken, grid = run_at(f"{base} strategy.t3=3 strategy.stage3=feddyn strategy.stages12_from={tmp_path / 'source'}",
+                         "taken")
+    assert_same_run(taken, reference, tmp_path, ("taken", "whole"))
+    trained = [message for message in grid.delivered if message.metadata.message_type == "train"]
+    assert len(trained) == 3 * 3, "stage 3's rounds only: 3 rounds of 3 clients"
+    record = CheckpointStore(tmp_path / "taken").record()
+    source = CheckpointStore(tmp_path / "source").record()
+    assert record is not None and source is not None and record.lineage.parent == source.lineage.run
+    taken_from = taken["attempts"]["stages12_from"]
+    assert taken_from["round"] == 12 and taken_from["elapsed_s"] == taken["rounds"][11]["elapsed_s"]
+
+
+def test_stages12_from_refuses_a_run_whose_stages_1_2_differ(run_at, tmp_path):
+    run_at("strategy=fedcorr strategy.t1=1 strategy.t2=1 strategy.t3=0", "source")
+    words = [*SMOKE.split(), "strategy=fedcorr", "strategy.t1=1", "strategy.t2=1", "strategy.pi=0.4",
+             f"strategy.stages12_from={tmp_path / 'source'}", f"out_dir={tmp_path / 'other'}"]
+    with pytest.raises(ConfigError, match=r"strategy.stages12_from=.* is invalid: a run whose stages 1-2 match "
+                                          r"this run's; differing: strategy.pi \(0.5 -> 0.4\)"):
+        load_run(compose_config(words))
+    with pytest.raises(ConfigError, match="it holds no node state|has no checkpoints/run.json"):
+        load_run(compose_config([*words[:5], f"strategy.stages12_from={tmp_path}", f"out_dir={tmp_path / 'x'}"]))
+    assert not (tmp_path / "other").exists()
+
+
+def test_resume_refuses_a_changed_config_naming_the_keys(run_at, tmp_path):
+    run_at(RUNS["fedavg"], "run", kill_at=15)
+    # The killed run's folder reads back with the rounds it finished (report.py reads runs in progress).
+    (killed,) = find_runs([str(tmp_path / "run")])
+    assert killed.payload["complete"] is False and [row["round"] for row in killed.payload["rounds"]] == [1]
+
+    def words(*changes: str) -> list[str]:
+        return [*SMOKE.split(), *RUNS["fedavg"].split(), "resume=true", f"out_dir={tmp_path / 'run'}", *changes]
+
+    with pytest.raises(ConfigError, match=r"resume=True is invalid: .* Differing: strategy.num_rounds \(4 -> 6\)"):
+        load_run(compose_config(words("strategy.num_rounds=6")))
+    # What only changes how the run executes may change.
+    load_run(compose_config(words("server.round_timeout=30", "simulation.verbose=true")))
+
+
+def test_resume_true_without_a_checkpoint_starts_from_round_zero(run_at, tmp_path):
+    reference, _ = run_at(RUNS["fedavg"], "reference")
+    started, _ = run_at(f"{RUNS['fedavg']} resume=true", "fresh")
+    assert_same_run(started, reference, tmp_path, ("fresh", "reference"))
+
+
+# --- the strategy state interface -----------------------------------------------------------------
+
+def same(a: Any, b: Any) -> bool:
+    """Deep equality over what strategies hold: containers, NumPy, records, dataclasses, objects."""
+    if type(a) is not type(b):
+        return False
+    if isinstance(a, np.ndarray):
+        return a.shape == b.shape and a.dtype == b.dtype and np.array_equal(a, b, equal_nan=True)
+    if isinstance(a, ArrayRecord):
+        return list(a) == list(b) and all(same(a[k].numpy(), b[k].numpy()) for k in a)
+    if isinstance(a, dict):
+        return list(a) == list(b) and all(same(a[k], b[k]) for k in a)
+    if isinstance(a, (list, tuple)):
+        return len(a) == len(b) and all(same(x, y) for x, y in zip(a, b))
+    if isinstance(a, float):
+        return a == b or (np.isnan(a) and np.isnan(b))
+    if isinstance(a, np.random.Generator):
+        return a.bit_generator.state == b.bit_generator.state
+    if is_dataclass(a) and not isinstance(a, type):
+        return all(same(getattr(a, f.name), getattr(b, f.name)) for f in fields(a))
+    if hasattr(a, "__dict__") and not callable(a):
+        return same(vars(a), vars(b))
+    return bool(a == b)
+
+
+# Attributes a strategy sets afresh in every round (what the round's clients start from, whom it sent
+# to), and the wiring that holds the shared generator and run log (checkpointed once, by the server).
+PER_ROUND = {"global_arrays", "_sent", "_grid", "log", "rng", "timeout", "context"}
+
+
+@pytest.mark.parametrize("name", sorted(RUNS))
+def test_a_strategys_state_is_everything_that_changes_and_restores_whole(flower_identity, tmp_path, name):
+    """What a checkpoint keeps of a strategy is ``state()``: everything but its ``transient`` wiring.
+    After some rounds, a fresh strategy restored from that state equals the run's in every attribute,
+    and no transient attribute changed during the run (so state kept there would be lost)."""
+    from client.app import app as client_app
+
+    words = [*f"{SMOKE} {RUNS[name]}".split(), f"out_dir={tmp_path / 'run'}"]
+    plan = load_run(compose_config(words))
+    grid = LocalGrid(client_app, num_nodes=10, run_config={"overrides": " ".join(words)})
+    from data.scene import prepare_scene
+    from strategies.ground_truth import GroundTruth
+
+    scene, dataset, _ = prepare_scene(plan.settings.scene, plan.settings.out_dir)
+    model = initial_model(plan.settings, dataset)
+
+    def build():
+        context = plan.context(parameter_names=tuple(n for n, _ in model.named_parameters()),
+                               truth=GroundTruth.from_scene(scene),
+                               new_network=lambda: ArrayRecord(model.state_dict()))
+        strategy = plan.strategy.build(context)
+        strategy.bind(discover(grid, 10, 5.0, 60.0))
+        return strategy
+
+    strategy, fresh = build(), build()
+    stop = 3
+
+    def halt(server_round: int, arrays: ArrayRecord) -> None:
+        if server_round == stop:
+            raise Killed
+
+    strategy.log.checkpoint = halt
+    with pytest.raises(Killed):
+        strategy.start(grid, ArrayRecord(model.state_dict()), timeout=60.0)
+    saved = strategy.state()
+    restored = build()
+    restored.restore(pickle.loads(pickle.dumps(saved)))
+    assert same(restored.state(), saved), f"{name} does not restore what it saves"
+    changed = [key for key in saved if not same(saved[key], fresh.state()[key])]
+    assert changed, f"{name} learnt nothing in {stop} rounds: the test would not bite"
+    for key in set(vars(strategy)) - set(saved) - PER_ROUND:
+        assert same(vars(strategy)[key], vars(fresh)[key]), f"{name}.{key} changed during the run but is not saved"
+
+
+def test_every_registered_strategy_is_covered():
+    assert set(RUNS) == set(strategy_classes())
+
+
+# --- the checkpoint store --------------------------------------------------------------------------
+
+def checkpoint(server_round: int, size: int = 3) -> Checkpoint:
+    return Checkpoint(round=server_round, arrays={"w": np.arange(size, dtype=np.float32)}, strategy={"x": server_round},
+                      log={}, generators={}, results={}, lineage=Lineage("k"))
+
+
+def test_the_store_keeps_the_latest_periodic_checkpoints_and_every_stage_end(tmp_path):
+    store = CheckpointStore(tmp_path, keep=2)
+    for server_round in range(1, 8):
+        store.write(checkpoint(server_round), stage_end=server_round in (2, 3))
+    assert store.rounds() == (2, 3, 6, 7)
+    assert read_checkpoint(store.latest()).strategy == {"x": 7}
+    assert read_checkpoint(store.at(2)).round == 2
+
+
+def test_a_write_that_dies_half_way_leaves_the_previous_checkpoint(tmp_path, monkeypatch):
+    store = CheckpointStore(tmp_path)
+    store.write(checkpoint(4), stage_end=False)
+
+    def dies(payload, out, protocol):
+        out.write(pickle.dumps(payload, protocol)[:100])
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(pickle, "dump", dies)
+    with pytest.raises(KeyboardInterrupt):
+        store.write(checkpoint(6, size=10**6), stage_end=False)
+    assert store.rounds() == (4,) and read_checkpoint(store.latest()).round == 4
+    assert not list((tmp_path / "checkpoints").glob(".*.tmp"))
+
+
+# --- the nodes' state versions ---------------------------------------------------------------------
+
+def node(tmp_path: Path) -> Context:
+    return Context(run_id=1, node_id=5, node_config={"partition-id": 0, "state-dir": str(tmp_path)},
+                   state=RecordDict(), run_config={})
+
+
+def stored(context: Context, scope: StateScope, value: int | None = None) -> int | None:
+    enter(context, with_scope(RecordDict(), scope), "unused")
+    if value is not None:
+        save_record(context, "key", 0, ArrayRecord({"v": Array(np.array([value]))}))
+    record = load_record(context, "key", 0)
+    return None if record is None else int(record["v"].numpy()[0])
+
+
+def test_a_resume_ignores_and_removes_what_the_killed_attempt_wrote_after_its_checkpoint(tmp_path):
+    context = node(tmp_path)
+    for server_round in (1, 3, 5, 7):
+        stored(context, StateScope("run", server_round, keep=(4,)), value=server_round)
+    # Resumed from the checkpoint of round 4: the versions of rounds 5 and 7 were undone.
+    assert stored(context, StateScope("run", 5, resumed_at=(4,), keep=(4,))) == 3
+    assert stored(context, StateScope("run", 5, resumed_at=(4,), keep=(4,)), value=50) == 50
+    folder = tmp_path / "run-run" / "partition-0" / "key"
+    assert [(v.round, v.attempt) for v in versions(folder)] == [(3, 1), (5, 2)]
+    # A second resume from round 4 again undoes attempt 2's round 5 too; attempt 1's round 3 stays.
+    assert stored(context, StateScope("run", 5, resumed_at=(4, 4), keep=(4,))) == 3
+    # Another run's key sees none of it; a run started from this one's round 4 reads its version.
+    assert stored(context, StateScope("new", 5)) is None
+    assert stored(context, StateScope("new", 5, parent="run", parent_round=4, parent_resumed_at=(4, 4))) == 3
+
+
+def test_a_node_keeps_one_version_per_kept_checkpoint_and_the_newest(tmp_path):
+    context = node(tmp_path)
+    for server_round in range(1, 11):
+        stored(context, StateScope("run", server_round, keep=(4, 8)), value=server_round)
+    assert [v.round for v in versions(tmp_path / "run-run" / "partition-0" / "key")] == [4, 8, 10]
+
+
+def test_an_instruction_without_a_scope_keeps_state_in_memory(tmp_path):
+    context = node(tmp_path)
+    enter(context, RecordDict(), "unused")
+    save_record(context, "key", 0, ArrayRecord({"v": Array(np.array([1]))}))
+    assert not list(tmp_path.rglob("*.npz")) and "key" in context.state.array_records
+    assert isinstance(with_scope(RecordDict(), StateScope("r", 1))["scope"], ConfigRecord)
+
+
+# --- the results files ------------------------------------------------------------------------------
+
+def test_a_resumed_writer_drops_the_rounds_after_its_checkpoint(tmp_path):
+    writer = ResultsWriter(tmp_path, {"seed": 1})
+    for server_round in (1, 2):
+        writer.add_round(server_round=server_round, stage="s", clients=[1], comm_cost=server_round, test_acc=0.5,
+                         test_loss=1.0)
+    state = writer.state()
+    writer.add_round(server_round=3, stage="s", clients=[1], comm_cost=3, test_acc=0.9, test_loss=1.0)
+    with open(tmp_path / "rounds.jsonl", "a") as out:
+        out.write('{"round": 4, "sta')  # a line cut short by the kill
+    resumed = ResultsWriter(tmp_path, {"seed": 1}, state)
+    assert [json.loads(line)["round"] for line in (tmp_path / "rounds.jsonl").read_text().splitlines()] == [1, 2]
+    assert (tmp_path / "rounds.csv").read_text().count("\n") == 3
+    assert resumed.elapsed >= state["elapsed_s"]
+    assert "rounds" not in json.loads((tmp_path / "results.json").read_text())
