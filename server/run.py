@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import logging
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,8 +36,6 @@ from settings.run import RunSettings
 from strategies.base import FederatedStrategy, RoundInfo
 from strategies.ground_truth import GroundTruth
 from task.build import model_for
-
-log = logging.getLogger(__name__)
 
 
 def initial_model(settings: RunSettings, dataset: Dataset, purpose: str = "model-init") -> torch.nn.Module:
@@ -100,7 +97,7 @@ def starting_point(settings: RunSettings, strategy: FederatedStrategy, store: Ch
     record = store.record()
     if latest is not None and record is not None:
         checkpoint = read_checkpoint(latest)
-        log.info("resuming %s from its checkpoint of round %d", settings.out_dir, checkpoint.round)
+        print(f"resuming {settings.out_dir} from its checkpoint of round {checkpoint.round}", flush=True)
         return Start(record.lineage.resumed(checkpoint.round), checkpoint)
     store.clear()
     shutil.rmtree(Path(settings.out_dir) / SIMULATION_STATE_DIR, ignore_errors=True)
@@ -114,7 +111,7 @@ def starting_point(settings: RunSettings, strategy: FederatedStrategy, store: Ch
     checkpoint = read_checkpoint(path)
     inherit_folder(parent.dir.parent / SIMULATION_STATE_DIR, Path(settings.out_dir) / SIMULATION_STATE_DIR,
                    parent_record.lineage.run)
-    log.info("starting from round %d of %s (its stages 1-2)", checkpoint_round, folder)
+    print(f"starting after round {checkpoint_round} of {folder} (its stages 1-2)", flush=True)
     return Start(checkpoint.lineage.child(checkpoint_round), checkpoint, inherited=True)
 
 
