@@ -30,7 +30,7 @@ from omegaconf import DictConfig, OmegaConf  # noqa: E402
 import sim  # noqa: E402
 from common.errors import ConfigError  # noqa: E402
 from reports.tables import mean_std  # noqa: E402
-from server.checkpoints import CheckpointStore, config_changes  # noqa: E402
+from server.checkpoints import CheckpointStore, changed_keys, config_changes  # noqa: E402
 from server.config import BOOKKEEPING_KEYS, EXECUTION_KEYS, load_run  # noqa: E402
 from settings.compose import compose_config  # noqa: E402
 from strategies.fedcorr import FedCorrSettings  # noqa: E402
@@ -58,24 +58,12 @@ def finished_results(out_dir: str, config: dict[str, Any]) -> dict[str, Any] | N
     payload = json.loads(path.read_text())
     if not payload.get("complete"):
         return None
-    changes = [key for key in differing_keys(payload.get("config") or {}, config) if key not in REUSE_IGNORES]
+    changes = [key for key in changed_keys(payload.get("config") or {}, config) if key not in REUSE_IGNORES]
     if changes:
         changed = ", ".join(changes[:8])
         raise ConfigError(f"{path} holds a finished run with another config (differs in: {changed}); "
                           f"--reuse will not overwrite it: remove {out_dir} to rerun it, or run without --reuse")
     return payload
-
-
-def differing_keys(old: dict[str, Any], new: dict[str, Any], prefix: str = "") -> list[str]:
-    """Dotted paths of the keys whose values differ between two nested configs (added or removed too)."""
-    keys = []
-    for key in sorted(set(old) | set(new), key=str):
-        a, b = old.get(key), new.get(key)
-        if isinstance(a, dict) and isinstance(b, dict):
-            keys += differing_keys(a, b, f"{prefix}{key}.")
-        elif key not in old or key not in new or a != b:
-            keys.append(f"{prefix}{key}")
-    return keys
 
 
 def planned(overrides: list[str]) -> tuple[DictConfig, list[str]]:

@@ -86,7 +86,7 @@ def test_reuse_refuses_to_overwrite_a_finished_run_whose_config_changed(planned,
 def test_differing_keys_names_changed_added_and_removed_nested_keys():
     old = {"a": 1, "b": {"c": 2, "d": 3}, "gone": 0}
     new = {"a": 1, "b": {"c": 2, "d": 4, "e": None}, "added": None}
-    assert runs.differing_keys(old, new) == ["added", "b.d", "b.e", "gone"]
+    assert runs.changed_keys(old, new) == ["added", "b.d", "b.e", "gone"]
 
 
 def test_strategy_bench_cells_compose_into_the_strategies_their_columns_name():
