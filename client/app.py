@@ -16,7 +16,7 @@ from client.label_state import current_labels
 from client.node import LocalNode, load_node
 from client.plugins.base import QueryHandler
 from client.plugins.registry import plugin, plugins
-from client.state_store import enter
+from client.state_store import enter, state_root
 from client.update import cpu_state
 from protocol.messages import SERVER, NodeInfo, TrainIns, read_arrays, read_instruction, reply
 from task.evaluation import evaluate as evaluate_model
@@ -35,7 +35,8 @@ def node_for(message: Message, context: Context) -> LocalNode:
 def info(message: Message, context: Context) -> Message:
     """Tell the server which partition this node holds and how many training samples it has."""
     node = load_node(context)
-    return Message(reply(NodeInfo(node.partition_id, len(node.data))), reply_to=message)
+    keeps_state = int(state_root(context, node.settings.out_dir) is not None)
+    return Message(reply(NodeInfo(node.partition_id, len(node.data), keeps_state)), reply_to=message)
 
 
 @app.train()

@@ -157,7 +157,10 @@ def save_record(context: Context, key: str, partition_id: int, record: ArrayReco
 def prune(folder: Path, scope: StateScope) -> None:
     """Remove the versions no checkpoint and no later read can use: those a resume undid, and those
     superseded both before every kept checkpoint and now."""
-    stored = versions(folder)
+    attempt = attempt_of(scope.resumed_at)
+    # A later attempt's versions are never this one's to judge: a killed attempt's client that
+    # finishes late must not remove what the resumed run wrote.
+    stored = [v for v in versions(folder) if v.attempt <= attempt]
     live = [v for v in stored if admitted(v, scope.resumed_at)]
     needed = {live[-1].path} if live else set()
     for checkpoint in scope.keep:

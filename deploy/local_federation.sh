@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The whole deployment on this machine: certificates, a SuperLink with TLS and SuperNode
-# authentication, 3 SuperNodes as separate processes, one run of the app, every process stopped.
+# authentication, 3 (or --nodes N) SuperNodes as separate processes, one run of the app (or, with
+# --no-run, the federation kept up for runs of your own), every process stopped.
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
@@ -11,43 +12,54 @@ SMOKE_OVERRIDES=(experiment=smoke strategy=fedcorr strategy.t1=1 strategy.t2=1 s
 
 usage() {
     cat <<EOF
-usage: deploy/local_federation.sh [--out DIR] [--keep | --work-dir DIR] [--data-files] [--timeout SECONDS]
-                                  [-- HYDRA_OVERRIDES...]
+usage: deploy/local_federation.sh [--nodes N] [--out DIR] [--keep | --work-dir DIR] [--data-files]
+                                  [--database] [--timeout SECONDS] [--no-run] [-- HYDRA_OVERRIDES...]
 
 Rehearses a real deployment on localhost and exits 0 only when the run completed:
-  1. a CA, a SuperLink certificate and $NUM_NODES SuperNode key pairs (deploy/make_certs.sh, make_node_keys.sh)
+  1. a CA, a SuperLink certificate and N SuperNode key pairs (deploy/make_certs.sh, make_node_keys.sh)
   2. a SuperLink with TLS and SuperNode authentication on free ports (deploy/superlink.sh)
-  3. the $NUM_NODES public keys registered with it (deploy/register_nodes.sh)
-  4. $NUM_NODES SuperNodes, separate processes, each with its own state directory (deploy/supernode.sh)
+  3. the N public keys registered with it (deploy/register_nodes.sh)
+  4. N SuperNodes, separate processes, each with its own state directory (deploy/supernode.sh)
   5. one run through them, checked by run status and results.json (deploy/run.sh)
 Every process it started (and their children) is stopped by pid on exit, also on failure or Ctrl-C.
 
+  --nodes N        how many SuperNodes (clients) to start (default $NUM_NODES)
   --out DIR        the run's out_dir (default: inside the work directory, so gone without --keep)
   --keep           keep the temporary work directory (certificates, keys, logs, pids, node state)
   --work-dir DIR   use DIR (created, kept) as the work directory instead of a temporary one
   --data-files     give each SuperNode its own local data file (python export.py) instead of a
                    partition id of the simulation scene: the real-deployment path
+  --database       keep the SuperLink's state in WORK/superlink.db (superlink.sh --database), so a
+                   SuperLink restarted on it still knows the registered nodes and the runs
   --timeout S      fail when the run takes longer than S seconds (default 900)
+  --no-run         skip step 5: keep the federation up until Ctrl-C (or SIGTERM) and submit runs
+                   yourself with deploy/run.sh (the line "federation ready: ..." gives the command)
   HYDRA_OVERRIDES  the run's configuration instead of the default FedCorr smoke setting
-                   (${SMOKE_OVERRIDES[*]}); num_clients is always $NUM_NODES
-Logs: WORK/logs/{superlink,supernode_<k>}.log; pids: WORK/pids/{superlink,supernode_<k>}.pid.
+                   (${SMOKE_OVERRIDES[*]}); num_clients is always N
+Logs: WORK/logs/{superlink,supernode_<k>}.log; pids: WORK/pids/{superlink,supernode_<k>}.pid;
+certificates WORK/certs, node keys WORK/keys/node_<k>, node state WORK/state/node_<k>.
 EOF
 }
 
-out="" keep=0 work="" data_files=0 timeout_s=900
+out="" keep=0 work="" data_files=0 timeout_s=900 run=1 database=0
 overrides=()
 while [[ $# -gt 0 ]]; do
     case "$1" in
         -h | --help) usage; exit 0 ;;
+        --nodes) require_value "$@"; NUM_NODES="$2"; shift 2 ;;
         --out) require_value "$@"; out="$(absolute "$2")"; shift 2 ;;
         --keep) keep=1; shift ;;
         --work-dir) require_value "$@"; work="$(absolute "$2")"; shift 2 ;;
         --data-files) data_files=1; shift ;;
+        --database) database=1; shift ;;
         --timeout) require_value "$@"; timeout_s="$2"; shift 2 ;;
+        --no-run) run=0; shift ;;
         --) shift; overrides=("$@"); break ;;
         *) die "unknown argument $1 (see --help; Hydra overrides go after --)" ;;
     esac
 done
+[[ "$NUM_NODES" =~ ^[0-9]+$ ]] && ((NUM_NODES >= 1 && NUM_NODES <= 64)) \
+    || die "--nodes '$NUM_NODES' is invalid: allowed is a whole number in 1..64"
 ((${#overrides[@]} > 0)) || overrides=("${SMOKE_OVERRIDES[@]}")
 for override in "${overrides[@]}"; do
     [[ "$override" != num_clients=* || "$override" == "num_clients=$NUM_NODES" ]] \
@@ -203,7 +215,10 @@ bash "$DEPLOY_DIR/make_certs.sh" "$work/certs" >/dev/null
 bash "$DEPLOY_DIR/make_node_keys.sh" "$work/keys" "$NUM_NODES" >/dev/null
 write_connection "$work/home/cli" "$address" "$work/certs/ca.crt"
 
-start superlink bash "$DEPLOY_DIR/superlink.sh" --certs "$work/certs" --host 127.0.0.1 --port "$link_port"
+link_state=()
+((!database)) || link_state=(--database "$work/superlink.db")
+start superlink bash "$DEPLOY_DIR/superlink.sh" --certs "$work/certs" --host 127.0.0.1 --port "$link_port" \
+    "${link_state[@]}"
 wait_until 60 "the SuperLink answering on $address" nodes_online 0
 in_foreground bash "$DEPLOY_DIR/register_nodes.sh" --superlink "$address" --root-certificates "$work/certs/ca.crt" \
     "$work"/keys/node_*.pub
@@ -219,7 +234,17 @@ for ((k = 0; k < NUM_NODES; k++)); do
         --root-certificates "$work/certs/ca.crt" --auth-key "$work/keys/node_$k" "${data[@]}" \
         --state-dir "$work/state/node_$k" --port "${node_ports[$k]}"
 done
-wait_until 60 "$NUM_NODES SuperNodes online" nodes_online "$NUM_NODES"
+wait_until $((60 + 6 * NUM_NODES)) "$NUM_NODES SuperNodes online" nodes_online "$NUM_NODES"
+if ((!run)); then
+    echo "$NUM_NODES SuperNodes online; not starting a run (--no-run)"
+    echo "federation ready: bash $DEPLOY_DIR/run.sh --superlink $address --root-certificates $work/certs/ca.crt" \
+        "--out $out -- ${overrides[*]}"
+    echo "stop it with Ctrl-C or: kill $$"
+    while :; do
+        sleep 1 &
+        wait "$!"
+    done
+fi
 echo "$NUM_NODES SuperNodes online; starting the run"
 
 in_foreground bash "$DEPLOY_DIR/run.sh" --superlink "$address" --root-certificates "$work/certs/ca.crt" \

@@ -62,10 +62,12 @@ SERVER = "the server"
 
 @dataclass(frozen=True)
 class NodeInfo:
-    """Reply to ``query.info``: which partition a node holds and how many training samples it has."""
+    """Reply to ``query.info``: which partition a node holds, how many training samples it has, and
+    whether it keeps its state on disk (1: a state folder, so a resumed run finds it; 0: in memory)."""
 
     partition_id: int
     num_examples: int
+    keeps_state: int
 
 
 @dataclass(frozen=True)

@@ -46,6 +46,7 @@ def discover(grid: Grid, expected: int, wait_timeout: float, reply_timeout: floa
     replies = list(grid.send_and_receive(queries, timeout=reply_timeout))
     node_of: dict[int, int] = {}
     num_examples: dict[int, int] = {}
+    without_state: set[int] = set()
     problems = []
     for reply in replies:
         node = answering_node(reply, queries)
@@ -66,6 +67,8 @@ def discover(grid: Grid, expected: int, wait_timeout: float, reply_timeout: floa
             problems.append(f"nodes {node_of[pid]} and {node} both hold partition {pid}")
         node_of[pid] = node
         num_examples[pid] = size
+        if not info.keeps_state:
+            without_state.add(pid)
     if len(replies) < len(nodes):
         problems.append(f"{len(nodes) - len(replies)} node(s) did not answer the info query in time")
     missing = sorted(set(range(expected)) - set(node_of))
@@ -74,4 +77,5 @@ def discover(grid: Grid, expected: int, wait_timeout: float, reply_timeout: floa
     if problems:
         raise DiscoveryError("; ".join(problems))
     log.info("discovered %d clients holding %d training samples", len(node_of), sum(num_examples.values()))
-    return Federation(node_of=dict(sorted(node_of.items())), num_examples=dict(sorted(num_examples.items())))
+    return Federation(node_of=dict(sorted(node_of.items())), num_examples=dict(sorted(num_examples.items())),
+                      without_state=frozenset(without_state))

@@ -11,6 +11,7 @@ import torch
 from flwr.app import ArrayRecord, MetricRecord
 from flwr.serverapp import Grid
 
+from common.errors import InvalidValue
 from common.seeding import rng_for
 from data.scene import prepare_scene
 from data.sources.base import Dataset
@@ -34,6 +35,7 @@ from server.progress import Progress
 from server.results import ResultsWriter
 from settings.run import RunSettings
 from strategies.base import FederatedStrategy, RoundInfo
+from strategies.federation import Federation
 from strategies.ground_truth import GroundTruth
 from task.build import model_for
 
@@ -115,6 +117,20 @@ def starting_point(settings: RunSettings, strategy: FederatedStrategy, store: Ch
     return Start(checkpoint.lineage.child(checkpoint_round), checkpoint, inherited=True)
 
 
+def check_nodes_keep_state(settings: RunSettings, federation: Federation, store: CheckpointStore) -> None:
+    """A run that continues from a checkpoint needs every node's state as it was there: refuse when
+    some nodes keep theirs in memory only (deployed without ``state-dir``), since they would start
+    over from their own labels and the run would go on silently on the wrong state."""
+    continues = (settings.resume and store.latest() is not None) or settings.resolved["strategy"].get("stages12_from")
+    if continues and federation.without_state:
+        missing = sorted(federation.without_state)
+        raise InvalidValue("resume" if settings.resume else "strategy.stages12_from", True if settings.resume else
+                           settings.resolved["strategy"]["stages12_from"],
+                           f"nodes that keep their state on disk; the nodes of partitions {missing[:10]}"
+                           f"{' ...' if len(missing) > 10 else ''} have no state-dir, so they would start over "
+                           "from their own labels (start them with --state-dir, or start the run over)")
+
+
 class Checkpointer:
     """Writes the run's checkpoints after the rounds due: every ``server.checkpoint_every`` rounds,
     after each stage's last round, and after the run's last round."""
@@ -158,6 +174,7 @@ def run_server(grid: Grid, plan: RunPlan) -> dict[str, Any]:
     strategy.bind(discover(grid, settings.num_clients, settings.server.node_wait_timeout,
                            settings.server.round_timeout))
     store = CheckpointStore(settings.out_dir, settings.server.keep_checkpoints)
+    check_nodes_keep_state(settings, strategy.federation, store)
     start = starting_point(settings, strategy, store)
     arrays = ArrayRecord(model.state_dict())
     checkpoint = start.checkpoint

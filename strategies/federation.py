@@ -9,10 +9,12 @@ from dataclasses import dataclass, field
 class Federation:
     """node_of: partition id -> Flower node id (node ids are random; partitions are ours).
     num_examples: partition id -> size of that client's local training set.
+    without_state: the partitions whose nodes keep their state in memory only (no state folder).
     """
 
     node_of: dict[int, int]
     num_examples: dict[int, int]
+    without_state: frozenset[int] = frozenset()
     _partition_of: dict[int, int] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:

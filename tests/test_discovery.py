@@ -60,7 +60,7 @@ def info(message: Message, context: Context) -> Message:
     pid = int(context.node_config["partition-id"])
     if pid == 1:
         raise OSError(f"node {context.node_id} cannot read its partition")
-    return Message(reply(NodeInfo(pid, 10)), reply_to=message)
+    return Message(reply(NodeInfo(pid, 10, 1)), reply_to=message)
 
 
 def test_a_node_whose_info_handler_raises_is_named_with_its_failure(local_grid):
@@ -83,7 +83,7 @@ def test_a_node_that_does_not_answer_and_a_bad_info_reply_are_named(run, local_g
 
     @bad_app.query("info")
     def bad_info(message: Message, context: Context) -> Message:
-        content = reply(NodeInfo(int(context.node_config["partition-id"]), 10))
+        content = reply(NodeInfo(int(context.node_config["partition-id"]), 10, 1))
         del content["metrics"]["num-examples"]
         return Message(content, reply_to=message)
 

@@ -38,10 +38,10 @@ def test_one_naming_style_for_every_key():
 def test_instructions_and_replies_round_trip_through_flower_records():
     ins = TrainIns(7, local_training(lr=0.02, mixup_alpha=1.0, prox_weight=2.5, prox_norm="l2"), plugin="fedcorr")
     arrays = ArrayRecord({"w": Array(np.arange(3, dtype=np.float32))})
-    content = instruction(ins, arrays=arrays, plugin_ins=NodeInfo(1, 2), plugin="fedcorr")
+    content = instruction(ins, arrays=arrays, plugin_ins=NodeInfo(1, 2, 1), plugin="fedcorr")
     assert isinstance(content["config"], ConfigRecord) and isinstance(content["fedcorr"], ConfigRecord)
     assert read_instruction(content, TrainIns) == ins
-    assert read_plugin_ins(content, "fedcorr", NodeInfo) == NodeInfo(1, 2)
+    assert read_plugin_ins(content, "fedcorr", NodeInfo) == NodeInfo(1, 2, 1)
     assert np.array_equal(read_arrays(content, "the server")["w"].numpy(), [0, 1, 2])
     res = CorrectRes(n_relabeled=4, mu_hat=0.25, diagnostics=Diagnostics(10, 5, 2, 4, 3))
     answer = reply(res)
@@ -63,7 +63,7 @@ def test_optional_fields_and_nested_payloads_are_all_there_or_all_absent():
     (lambda r: r.__setitem__("rank", 1), r"key 'rank' is not part of a NodeInfo"),
 ])
 def test_a_bad_record_names_the_sender_and_the_key(change, message):
-    record = dict(encode(NodeInfo(3, 40)))
+    record = dict(encode(NodeInfo(3, 40, 0)))
     change(record)
     with pytest.raises(ProtocolError, match=message):
         decode(NodeInfo, record, "client 5")

@@ -188,6 +188,21 @@ def test_resume_refuses_a_changed_config_naming_the_keys(run_at, tmp_path):
     load_run(compose_config(words("server.round_timeout=30", "simulation.verbose=true")))
 
 
+def test_a_resume_is_refused_when_nodes_keep_their_state_in_memory_only(run_at, tmp_path):
+    from server.run import check_nodes_keep_state
+    from strategies.federation import Federation
+
+    run_at(RUNS["fedavg"], "run", kill_at=20)  # after the checkpoint of round 2
+    plan = load_run(compose_config([*SMOKE.split(), *RUNS["fedavg"].split(), "resume=true",
+                                    f"out_dir={tmp_path / 'run'}"]))
+    nodes = {pid: pid + 100 for pid in range(10)}
+    federation = Federation(nodes, dict.fromkeys(nodes, 50), without_state=frozenset({3, 7}))
+    with pytest.raises(ConfigError, match=r"resume=True is invalid: nodes that keep their state on disk; the "
+                                          r"nodes of partitions \[3, 7\] have no state-dir"):
+        check_nodes_keep_state(plan.settings, federation, CheckpointStore(tmp_path / "run"))
+    check_nodes_keep_state(plan.settings, Federation(nodes, dict.fromkeys(nodes, 50)), CheckpointStore(tmp_path / "run"))
+
+
 def test_resume_true_without_a_checkpoint_starts_from_round_zero(run_at, tmp_path):
     reference, _ = run_at(RUNS["fedavg"], "reference")
     started, _ = run_at(f"{RUNS['fedavg']} resume=true", "fresh")
@@ -332,6 +347,15 @@ def test_a_resume_ignores_and_removes_what_the_killed_attempt_wrote_after_its_ch
     # Another run's key sees none of it; a run started from this one's round 4 reads its version.
     assert stored(context, StateScope("new", 5)) is None
     assert stored(context, StateScope("new", 5, parent="run", parent_round=4, parent_resumed_at=(4, 4))) == 3
+
+
+def test_a_late_write_of_a_killed_attempt_leaves_the_resumed_runs_versions(tmp_path):
+    context, late = node(tmp_path), node(tmp_path)
+    stored(context, StateScope("run", 12, keep=(10,)), value=12)
+    # Attempt 2 resumed from round 12 and wrote round 13; then a client of attempt 1 finishes round 14.
+    stored(context, StateScope("run", 13, resumed_at=(12,), keep=(12,)), value=113)
+    stored(late, StateScope("run", 14, keep=(12,)), value=14)
+    assert stored(context, StateScope("run", 14, resumed_at=(12,), keep=(12,))) == 113
 
 
 def test_a_node_keeps_one_version_per_kept_checkpoint_and_the_newest(tmp_path):

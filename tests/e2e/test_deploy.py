@@ -1,7 +1,10 @@
 """deploy/: certificates and node keys; a SuperLink with TLS and SuperNode authentication and 3
 SuperNodes as separate processes on localhost (deploy/local_federation.sh), the FedCorr smoke run
-through them, and a SuperNode that dies mid-run. The federation tests check that every process the
-federation started is gone afterwards."""
+through them, and a SuperNode that dies mid-run. Then, on a federation of 10 SuperNodes with state
+directories kept up across runs (local_federation.sh --no-run): a ServerApp killed mid-run and
+resumed with `flwr run ... resume=true`, a SuperNode killed mid-run that comes back, and a SuperLink
+killed mid-run and restarted on its database; each run ends exactly as the same run in simulation.
+The federation tests check that every process the federation started is gone afterwards."""
 
 from __future__ import annotations
 
@@ -13,10 +16,13 @@ import shutil
 import signal
 import socket
 import subprocess
+import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
+from commands import sim
 from cryptography import x509
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.hazmat.primitives.serialization import (
@@ -102,10 +108,7 @@ class LocalFederation:
             time.sleep(0.2)
 
     def rounds_done(self) -> int:
-        try:
-            return len(json.loads((self.out / "results.json").read_text())["rounds"])
-        except (OSError, ValueError, KeyError):
-            return 0
+        return len(_rounds(self.out))
 
     def pid(self, name: str) -> int:
         return int((self.work / "pids" / f"{name}.pid").read_text())
@@ -124,8 +127,31 @@ class LocalFederation:
         _kill(_federation_pids(self.work))
 
 
+def _rounds(out: Path) -> list[dict]:
+    """The rounds a run has recorded so far: rounds.jsonl (results.json lists them only once the run
+    is complete); a line cut short by a kill is not a round."""
+    rows = []
+    try:
+        lines = (out / "rounds.jsonl").read_text().splitlines()
+    except OSError:
+        return rows
+    for line in lines:
+        try:
+            rows.append(json.loads(line))
+        except ValueError:
+            break
+    return rows
+
+
+def _payload(out: Path) -> dict:
+    """results.json, with the rounds so far from rounds.jsonl while the run is not complete."""
+    payload = json.loads((out / "results.json").read_text())
+    payload.setdefault("rounds", _rounds(out))
+    return payload
+
+
 def _results(federation: LocalFederation) -> dict:
-    return json.loads((federation.out / "results.json").read_text())
+    return _payload(federation.out)
 
 
 def _assert_all_stopped(federation: LocalFederation) -> None:
@@ -183,6 +209,7 @@ def test_node_keys_are_p384_openssh_pairs_as_flower_reads_them(tmp_path):
      "is invalid: allowed is HOST:PORT"),
     ("run.sh", ["--superlink", "localhost:8000", "--insecure", "--out", "relative/dir"], "is not absolute"),
     ("local_federation.sh", ["--", "num_clients=5"], "num_clients is 3"),
+    ("local_federation.sh", ["--nodes", "0"], "--nodes '0' is invalid"),
 ])
 def test_scripts_refuse_bad_arguments_before_starting_anything(script, args, message):
     done = _deploy(script, *args)
@@ -271,3 +298,338 @@ def test_a_supernode_killed_mid_run_fails_the_run_naming_the_client(tmp_path):
     finally:
         federation.stop()
     _assert_all_stopped(federation)
+
+
+# --- A federation that outlives its runs: a ServerApp or a SuperNode dies mid-run -------------------------
+
+NODES = 10
+# FedCorr on the smoke scene (digits, 10 clients), as small as its three stages go: 10 stage-1 rounds
+# of one client (a checkpoint after round 10, the end of stage 1; the end-of-iteration correction then
+# writes the noisy nodes' labels as round 11), 2 finetuning rounds of 3 clients (checkpoint after 12;
+# the end-of-stage-2 correction writes labels as round 13) and 1 usual-training round. A deployed
+# server has no ground truth; the simulated reference is told the same.
+RESUMABLE = ("experiment=smoke", "strategy=fedcorr", "strategy.t1=1", "strategy.t2=2", "strategy.t3=1",
+             "strategy.frac2=0.3", f"num_clients={NODES}", "ground_truth=false")
+ROUND_KEYS = ("round", "stage", "test_acc", "test_loss", "clients", "comm_cost", "train_loss")
+LABELS = "fedcorr-labels"  # client.label_state's record of a node's corrected labels
+_VERSION = re.compile(r"^r(\d+)-a(\d+)\.npz$")
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory) -> Path:
+    """The uninterrupted run: the same overrides in simulation (sim.py), which gives a deployed run's
+    results exactly (rounds, accuracies, losses, FedCorr's block; checked by the tests below) in a
+    fraction of its time. Its nodes' state is in <out>/client_state."""
+    out = tmp_path_factory.mktemp("reference") / "run"
+    done = sim(*RESUMABLE, f"out_dir={out}", timeout=900)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return out
+
+
+@pytest.fixture(scope="module")
+def standing_federation(tmp_path_factory):
+    """local_federation.sh --nodes 10 --database --no-run: a SuperLink (TLS, SuperNode authentication,
+    its state in WORK/superlink.db) and 10 SuperNodes, node k replaying partition k with its own
+    state-dir, kept up for several runs."""
+    federation = LocalFederation(tmp_path_factory.mktemp("standing"), "--nodes", str(NODES), "--database",
+                                 "--no-run")
+    try:
+        federation.wait_for(f"{NODES} SuperNodes online", lambda: "federation ready:" in federation.output(), 900)
+        yield federation
+    finally:
+        federation.stop()
+    _assert_all_stopped(federation)
+
+
+def _address(federation: LocalFederation) -> str:
+    return re.search(r"SuperLink on (\S+)", federation.output()).group(1)
+
+
+def _marked(federation: LocalFederation, **variables: str) -> dict[str, str]:
+    """The environment of a process a test starts for the federation: marked as one of its processes,
+    so that stopping the federation stops it too."""
+    return {**os.environ, MARKER: str(federation.work), **variables}
+
+
+def _online_nodes(federation: LocalFederation) -> int:
+    """How many SuperNodes the SuperLink counts online (`flwr supernode list`); 0 while it is down."""
+    listed = subprocess.run([str(Path(sys.executable).parent / "flwr"), "supernode", "list", "fedcorr", "--format",
+                             "json"], capture_output=True, text=True, timeout=120,
+                            env={**os.environ, "FLWR_HOME": str(federation.work / "home" / "cli")})
+    try:
+        return sum(node["status"] == "online" for node in json.loads(listed.stdout).get("nodes", []))
+    except ValueError:
+        return 0
+
+
+class Submission:
+    """deploy/run.sh submitting one run to a standing federation, in the background (one of the
+    federation's processes)."""
+
+    def __init__(self, federation: LocalFederation, out: Path, log: Path, *overrides: str) -> None:
+        self.log = log
+        with open(log, "w") as handle:
+            self.process = subprocess.Popen(
+                ["bash", str(DEPLOY / "run.sh"), "--superlink", _address(federation), "--root-certificates",
+                 str(federation.work / "certs" / "ca.crt"), "--out", str(out), "--", *overrides],
+                stdout=handle, stderr=subprocess.STDOUT, env=_marked(federation))
+
+    def output(self) -> str:
+        return self.log.read_text()
+
+    def finish(self, timeout: float) -> int:
+        return self.process.wait(timeout=timeout)
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            _kill(_tree(self.process.pid))
+            self.process.wait()
+
+
+def _wait(what: str, ready, timeout: float, running: Submission, ends: bool = False) -> None:
+    """Poll ``ready`` until it holds; fail after ``timeout`` s, or when ``running`` ends first (unless it may)."""
+    deadline = time.monotonic() + timeout
+    while not ready():
+        assert ends or running.process.poll() is None, f"run.sh ended before {what}:\n{running.output()[-3000:]}"
+        assert time.monotonic() < deadline, f"no {what} within {timeout} s:\n{running.output()[-3000:]}"
+        time.sleep(0.2)
+
+
+def _program(pid: int) -> str:
+    """The name of the program a process runs: ``flwr-serverapp`` for ``python .../bin/flwr-serverapp ...``."""
+    try:
+        argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    except OSError:
+        return ""
+    names = [Path(arg.decode(errors="replace")).name for arg in argv[:2]]
+    return names[1] if len(names) > 1 and names[0].startswith("python") else names[0]
+
+
+def _serverapps(federation: LocalFederation) -> set[int]:
+    """The running ServerApp processes: with the SuperLink's default subprocess isolation, the SuperLink
+    starts a SuperExec (``flower-superexec``), which starts a ``flwr-serverapp`` process per run."""
+    return {pid for pid in _tree(federation.pid("superlink"))[1:]
+            if _program(pid) == "flwr-serverapp" and _running(pid)}
+
+
+def _state_versions(federation: LocalFederation, run_key: str) -> list[tuple[int, str, int, int]]:
+    """(partition, record, round, attempt) of every state version the SuperNodes hold for run ``run_key``."""
+    found = []
+    for path in (federation.work / "state").glob(f"node_*/run-{run_key}/partition-*/*/r*-a*.npz"):
+        match = _VERSION.match(path.name)
+        if match:
+            found.append((int(path.parent.parent.name.split("-")[1]), path.parent.name, int(match[1]), int(match[2])))
+    return sorted(found)
+
+
+def _final_labels(run_folders: list[Path]) -> dict[int, np.ndarray]:
+    """Each partition's newest corrected labels under the given ``run-<key>`` folders."""
+    labels = {}
+    for folder in run_folders:
+        for partition in folder.glob("partition-*"):
+            newest = sorted((partition / LABELS).glob("r*-a*.npz"))
+            if newest:
+                with np.load(newest[-1]) as arrays:
+                    labels[int(partition.name.split("-")[1])] = arrays["labels"]
+    return labels
+
+
+def _run_key(out: Path) -> str:
+    return json.loads((out / "checkpoints" / "run.json").read_text())["lineage"]["run"]
+
+
+def _assert_ends_as_the_reference(federation: LocalFederation, out: Path, reference: Path) -> None:
+    """The deployed run's results are the uninterrupted simulated run's (all but wall time and
+    out_dir), and so are the labels its nodes corrected."""
+    got, want = _payload(out), _payload(reference)
+    assert got["complete"] is True
+    assert [{key: row[key] for key in ROUND_KEYS} for row in got["rounds"]] == [
+        {key: row[key] for key in ROUND_KEYS} for row in want["rounds"]]
+    assert {k: v for k, v in got["summary"].items() if k != "wall_s"} == {
+        k: v for k, v in want["summary"].items() if k != "wall_s"}
+    assert got["fedcorr"] == want["fedcorr"]
+    assert got["test_confusion"] == want["test_confusion"]
+    assert (out / "fedcorr_clients.csv").read_text() == (reference / "fedcorr_clients.csv").read_text()
+    assert {k: v for k, v in got["config"].items() if k not in ("out_dir", "resume")} == {
+        k: v for k, v in want["config"].items() if k not in ("out_dir", "resume")}
+    deployed = _final_labels(list((federation.work / "state").glob(f"node_*/run-{_run_key(out)}")))
+    simulated = _final_labels(list((reference / "client_state").glob(f"run-{_run_key(reference)}")))
+    assert sorted(deployed) == sorted(simulated) and deployed, (sorted(deployed), sorted(simulated))
+    assert all(np.array_equal(deployed[k], simulated[k]) for k in simulated)
+
+
+# A deployed run of 10 nodes starts a ClientApp process per message. Measured on the 2-core machine
+# shared with other jobs: 1.5 min for the federation and the reference, then 12, 8 and 7 min for the
+# three tests below (a 10-node run took 20 min under a heavier parallel load).
+@pytest.mark.recovery
+@pytest.mark.timeout(4800)
+def test_a_killed_serverapp_resumes_with_flwr_run_and_ends_as_the_uninterrupted_run(
+        standing_federation, reference, tmp_path):
+    federation, out = standing_federation, tmp_path / "out"
+    stage1_end = sum(row["stage"] == "preprocess" for row in _payload(reference)["rounds"])
+    before = _serverapps(federation)
+    first = Submission(federation, out, tmp_path / "first.log", *RESUMABLE)
+    second = None
+    try:
+        # Past the checkpoint at stage 1's end: a finetuning round is recorded and the next is in flight.
+        _wait("a stage-2 round in rounds.jsonl", lambda: len(_rounds(out)) > stage1_end, 3600, first)
+        serverapps = _serverapps(federation) - before
+        assert len(serverapps) == 1, serverapps
+        _kill(list(serverapps))
+        recorded = len(_rounds(out))
+
+        # The SuperLink stops hearing the ServerApp's heartbeat and fails the run; run.sh reports it.
+        assert first.finish(timeout=600) == 1, first.output()[-3000:]
+        assert "ended 'finished:failed': No heartbeat received from the task" in first.output(), first.output()[-3000:]
+        assert all(_running(federation.pid(name)) for name in ["superlink", *(f"supernode_{k}" for k in range(NODES))])
+        # On disk: the checkpoint of stage 1's end, the rounds so far, the nodes' versions of both attempts.
+        checkpoints = sorted(path.name for path in (out / "checkpoints").iterdir())
+        assert checkpoints == [f"round-{stage1_end:07d}-stage.ckpt", "run.json"], checkpoints
+        payload = _payload(out)
+        assert payload["complete"] is False and len(payload["rounds"]) == recorded > stage1_end
+        run_key = _run_key(out)
+        killed_attempt = _state_versions(federation, run_key)
+        undone = [v for v in killed_attempt if v[2] > stage1_end]
+        # The killed attempt had already corrected its noisy nodes' labels at the start of round 11.
+        assert undone and all(record == LABELS and attempt == 1 for _, record, _, attempt in undone), undone
+
+        # A changed config is refused before anything is submitted, naming the key.
+        changed = _deploy("run.sh", "--superlink", _address(federation), "--root-certificates",
+                          federation.work / "certs" / "ca.crt", "--out", out, "--",
+                          *[o.replace("strategy.t3=1", "strategy.t3=2") for o in RESUMABLE], "resume=true")
+        assert changed.returncode == 2 and "Differing: strategy.t3 (1 -> 2)" in changed.stderr, changed.stderr
+        assert "submitted run" not in changed.stdout
+
+        second = Submission(federation, out, tmp_path / "second.log", *RESUMABLE, "resume=true")
+        assert second.finish(timeout=3600) == 0, second.output()[-5000:]
+        output = second.output()
+        assert "finished:completed" in output
+        # The resumed run continues after the checkpoint: its first round line is round 11.
+        assert re.findall(r"\[round +(\d+)/", output)[0] == str(stage1_end + 1), output[-3000:]
+    finally:
+        for running in (first, second):
+            if running is not None:
+                running.stop()
+    _assert_ends_as_the_reference(federation, out, reference)
+    assert json.loads((out / "checkpoints" / "run.json").read_text())["lineage"]["resumed_at"] == [stage1_end]
+    versions = _state_versions(federation, run_key)
+    # The nodes' persisted state was used: attempt 2 wrote its own versions after the checkpoint, and
+    # every version the killed attempt wrote after it is gone; attempt 1's stage-1 losses (round <= 10),
+    # which attempt 2's correction at round 11 split, stay.
+    assert any(attempt == 2 for *_, attempt in versions), versions
+    assert not [v for v in versions if v[3] == 1 and v[2] > stage1_end], versions
+    assert {(p, r) for p, record, r, a in versions if a == 1 and record != LABELS} == {
+        (p, r) for p, record, r, a in killed_attempt if record != LABELS}
+    assert {(p, r) for p, record, r, a in versions if a == 2 and r == stage1_end + 1} == {
+        (p, r) for p, _, r, _ in undone}
+
+
+@pytest.mark.recovery
+@pytest.mark.timeout(4800)
+def test_a_supernode_killed_mid_run_rejoins_with_its_saved_state_and_the_run_ends_as_the_uninterrupted_run(
+        standing_federation, reference, tmp_path):
+    """SIGKILL the SuperNode of the client that trained in round 1 (it holds the local losses of that
+    training, which FedCorr's end-of-iteration correction splits at the start of round 11) and restart
+    it with the same node config and state-dir. The SuperLink refuses the new process while it still
+    counts the dead one online (up to 2 x 30 s heartbeat), then re-admits it under the same node id;
+    it is back before the server next addresses it, so the run completes under the default
+    server.on_client_error=fail, with the losses the node saved before it died."""
+    federation, out = standing_federation, tmp_path / "out"
+    want = _payload(reference)
+    stage1_end = sum(row["stage"] == "preprocess" for row in want["rounds"])
+    node = want["rounds"][0]["clients"][0]
+    assert node in want["fedcorr"]["detected_noisy_clients"]  # so the correction at round 11 needs its losses
+    name = f"supernode_{node}"
+    killed = federation.pid(name)
+    cmdline = Path(f"/proc/{killed}/cmdline").read_bytes().split(b"\0")
+    port = cmdline[cmdline.index(b"--port") + 1].decode()
+    running = Submission(federation, out, tmp_path / "run.log", *RESUMABLE)
+    restarts: list[subprocess.Popen] = []
+    try:
+        _wait("round 1 in rounds.jsonl", lambda: len(_rounds(out)) >= 1, 3600, running)
+        _kill(_tree(killed))
+        killed_at = time.monotonic()
+        state = federation.work / "state" / f"node_{node}"
+        refused = 0
+        while True:  # what an operator (or a supervisor with Restart=on-failure) does
+            log = federation.work / "logs" / f"{name}.restart-{len(restarts)}.log"
+            with open(log, "w") as handle:
+                restarts.append(subprocess.Popen(
+                    ["bash", str(DEPLOY / "supernode.sh"), "--superlink", _address(federation),
+                     "--root-certificates", str(federation.work / "certs" / "ca.crt"),
+                     "--auth-key", str(federation.work / "keys" / f"node_{node}"),
+                     "--partition-id", str(node), "--state-dir", str(state), "--port", port],
+                    stdout=handle, stderr=subprocess.STDOUT, env=_marked(federation)))
+            while restarts[-1].poll() is None and "SuperNode ID:" not in log.read_text():
+                time.sleep(0.2)
+            if restarts[-1].poll() is None:
+                break
+            assert "Failed to activate SuperNode" in log.read_text(), log.read_text()
+            refused += 1
+            assert time.monotonic() - killed_at < 180, "the SuperLink did not re-admit the restarted SuperNode"
+            time.sleep(3)
+        back_after, rounds_then = time.monotonic() - killed_at, len(_rounds(out))
+        (federation.work / "pids" / f"{name}.pid").write_text(f"{restarts[-1].pid}\n")
+        assert refused >= 1  # the first restart came while the SuperLink still counted the dead node online
+        node_ids = re.findall(r"SuperNode ID: (\d+)", (federation.work / "logs" / f"{name}.log").read_text())
+        assert node_ids and f"SuperNode ID: {node_ids[0]}" in log.read_text()  # the same node id as before
+        assert rounds_then < stage1_end, f"node {node} came back after {back_after:.0f} s, past round {rounds_then}"
+        assert running.finish(timeout=3600) == 0, running.output()[-5000:]
+    finally:
+        running.stop()
+    _assert_ends_as_the_reference(federation, out, reference)
+    versions = _state_versions(federation, _run_key(out))
+    # The restarted node answered the correction with the losses its first process saved in round 1.
+    assert (node, "fedcorr-local-losses", 1, 1) in versions
+    assert any(p == node and record == LABELS for p, record, _, _ in versions)
+    print(f"node {node} killed after round 1, refused {refused} time(s), back after {back_after:.0f} s "
+          f"(round {rounds_then} recorded)")
+
+
+@pytest.mark.recovery
+@pytest.mark.timeout(4800)
+def test_a_superlink_killed_mid_run_restarts_on_its_database_and_the_run_resumes(
+        standing_federation, reference, tmp_path):
+    """SIGKILL the SuperLink and what it started (its SuperExec and the ServerApp): a crashed
+    coordinator. The SuperNodes keep retrying; a SuperLink restarted on the same database and port
+    knows them (same node ids) and the run, which it marks failed, and run.sh, which kept polling,
+    reports it; `resume=true` continues from the checkpoint and ends as the uninterrupted run."""
+    federation, out = standing_federation, tmp_path / "out"
+    stage1_end = sum(row["stage"] == "preprocess" for row in _payload(reference)["rounds"])
+    nodes = [federation.pid(f"supernode_{k}") for k in range(NODES)]
+    first = Submission(federation, out, tmp_path / "first.log", *RESUMABLE)
+    second = None
+    try:
+        _wait("a stage-2 round in rounds.jsonl", lambda: len(_rounds(out)) > stage1_end, 3600, first)
+        superlink = federation.pid("superlink")
+        assert _program(superlink) == "flower-superlink"
+        doomed = _tree(superlink)
+        assert _serverapps(federation) <= set(doomed)
+        _kill(doomed)
+        time.sleep(5)
+        assert not any(_running(pid) for pid in doomed) and _online_nodes(federation) == 0
+        with open(federation.work / "logs" / "superlink.restart.log", "w") as log:
+            restarted = subprocess.Popen(
+                ["bash", str(DEPLOY / "superlink.sh"), "--certs", str(federation.work / "certs"), "--host", "127.0.0.1",
+                 "--port", _address(federation).rsplit(":", 1)[1], "--database", str(federation.work / "superlink.db")],
+                stdout=log, stderr=subprocess.STDOUT,
+                env=_marked(federation, FLWR_HOME=str(federation.work / "home" / "superlink")))
+        (federation.work / "pids" / "superlink.pid").write_text(f"{restarted.pid}\n")
+        # (the run may be declared failed, and run.sh end, before the last node is back)
+        _wait(f"{NODES} SuperNodes online again", lambda: _online_nodes(federation) == NODES, 600, first, ends=True)
+        assert all(_running(pid) for pid in nodes)  # the same SuperNode processes, reconnected
+
+        assert first.finish(timeout=600) == 1, first.output()[-3000:]
+        assert "ended 'finished:failed': No heartbeat received from the task" in first.output(), first.output()[-3000:]
+        assert sorted(path.name for path in (out / "checkpoints").iterdir()) == [
+            f"round-{stage1_end:07d}-stage.ckpt", "run.json"]
+
+        second = Submission(federation, out, tmp_path / "second.log", *RESUMABLE, "resume=true")
+        assert second.finish(timeout=3600) == 0, second.output()[-5000:]
+        assert re.findall(r"\[round +(\d+)/", second.output())[0] == str(stage1_end + 1), second.output()[-3000:]
+    finally:
+        for running in (first, second):
+            if running is not None:
+                running.stop()
+    _assert_ends_as_the_reference(federation, out, reference)
+    assert json.loads((out / "checkpoints" / "run.json").read_text())["lineage"]["resumed_at"] == [stage1_end]
