@@ -200,7 +200,8 @@ def test_a_resume_is_refused_when_nodes_keep_their_state_in_memory_only(run_at, 
     with pytest.raises(ConfigError, match=r"resume=True is invalid: nodes that keep their state on disk; the "
                                           r"nodes of partitions \[3, 7\] have no state-dir"):
         check_nodes_keep_state(plan.settings, federation, CheckpointStore(tmp_path / "run"))
-    check_nodes_keep_state(plan.settings, Federation(nodes, dict.fromkeys(nodes, 50)), CheckpointStore(tmp_path / "run"))
+    everyone = Federation(nodes, dict.fromkeys(nodes, 50))
+    check_nodes_keep_state(plan.settings, everyone, CheckpointStore(tmp_path / "run"))
 
 
 def test_resume_true_without_a_checkpoint_starts_from_round_zero(run_at, tmp_path):
