@@ -132,10 +132,12 @@ class FederatedStrategy(Strategy):
     settings (the type its ``settings`` attribute declares) and the run's context.
 
     Subclasses implement ``planned_rounds`` and Flower's ``configure_train`` / ``aggregate_train`` using
-    ``messages``, ``collect``/``exchange`` and ``record_round``; ``start`` runs them in Flower's round
-    loop and returns the run log's ``Result``. The client-sampling generator is ``context.rng``; with
-    ``context.skip_failed`` a client that raises, times out or sends a bad reply is dropped from its
-    round with a warning, else the run stops naming it (``server.on_client_error``).
+    ``messages``, ``collect``/``exchange`` and ``record_round``; ``start`` runs them in the round loop
+    (Flower's, from the run log's last finished round) and returns the run log's ``Result``. Every
+    attribute but the ``transient`` ones is the strategy's state, which checkpoints keep. The
+    client-sampling generator is ``context.rng``; with ``context.skip_failed`` a client that raises,
+    times out or sends a bad reply is dropped from its round with a warning, else the run stops naming
+    it (``server.on_client_error``).
     """
 
     name: ClassVar[str]

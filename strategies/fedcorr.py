@@ -12,7 +12,7 @@ Stage 2 (finetuning, lines 14-18): T2 FedAvg rounds over S_c = {k : mu_hat_k <= 
 clients outside S_c relabel every confident sample (``query.correct`` stage2).
 Stage 3 (usual training, lines 19-20): T3 rounds of the configured stage-3 strategy over all clients.
 
-The stages run as a state machine inside Flower's round loop: ``configure_train`` first closes what
+The stages run as a state machine inside the round loop: ``configure_train`` first closes what
 the previous round finished (an iteration's split and corrections, the end of a stage), then builds
 the round's messages; ``aggregate_train`` averages and logs the round. ``finish`` closes what the
 last round left open. ``docs/fedcorr.md`` maps Algorithm 1 to this code.
@@ -283,7 +283,7 @@ class FedCorr(FederatedStrategy):
 
     def start(self, grid: Grid, initial_arrays: ArrayRecord, num_rounds: int | None = None,
               timeout: float = 3600, *args: Any, **kwargs: Any) -> Result:
-        """Run all three stages in Flower's loop; stage 3's exchanges wait at most ``timeout`` too."""
+        """Run all three stages in the round loop; stage 3's exchanges wait at most ``timeout`` too."""
         if self.stage3 is not None:
             self.stage3.timeout = float(timeout)
         return super().start(grid, initial_arrays, num_rounds, timeout, *args, **kwargs)

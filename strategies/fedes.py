@@ -132,7 +132,7 @@ def spearman(a: Sequence[float], b: Sequence[float]) -> float | None:
 
 
 class FedES(FedAvg):
-    """FedES's three phases in Flower's round loop; the model's trainable parameters
+    """FedES's three phases in the round loop; the model's trainable parameters
     (``context.parameter_names``) are where P is chosen, the run's seed seeds the GMM, and the
     scene's ground truth gives the oracle and the quality figures."""
 
