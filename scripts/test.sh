@@ -14,4 +14,4 @@ if [ "$#" -gt 0 ]; then
     exec .venv/bin/python -m pytest "$@"
 fi
 echo "[test] fast tier";     .venv/bin/python -m pytest -m "not e2e" -n auto -p no:cacheprovider
-echo "[test] end-to-end";    exec .venv/bin/python -m pytest -m "e2e and not recovery" -p no:cacheprovider
+echo "[test] end-to-end";    exec .venv/bin/python -m pytest -m "e2e and not recovery" -p no:cacheprovider --durations=15

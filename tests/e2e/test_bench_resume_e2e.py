@@ -55,9 +55,10 @@ def lineage(out_dir: Path) -> dict:
 
 
 def computed(payload: dict) -> dict:
-    """What a run computed: every round but its wall time, and every block but the config and summary."""
+    """What a run computed: every round but its wall time, and every block but the config, the summary
+    and ``attempts`` (how the run got there: resumed, or its stages 1-2 taken over)."""
     rounds = [{key: row[key] for key in ROUND_KEYS} for row in payload["rounds"]]
-    blocks = {key: value for key, value in payload.items() if key not in ("config", "summary", "rounds")}
+    blocks = {key: value for key, value in payload.items() if key not in ("config", "summary", "rounds", "attempts")}
     summary = {key: value for key, value in payload["summary"].items() if key != "wall_s"}
     return {"rounds": rounds, "summary": summary, **blocks}
 
@@ -130,4 +131,5 @@ def test_the_inherited_column_computes_what_it_computes_from_round_0(bench_runs)
     payload, scratch = bench_runs["payloads"][bench_runs["other"]], bench_runs["scratch"]
     assert len(scratch["rounds"]) == STAGE2_END + 2 and scratch["summary"]["comm_cost"] == BUDGET
     assert computed(payload) == computed(scratch)
+    assert payload["attempts"]["stages12_from"]["round"] == STAGE2_END and scratch["attempts"]["stages12_from"] is None
     assert {key for key in payload if key not in ("config", "summary", "rounds", "complete")} >= {"fedcorr"}
