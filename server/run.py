@@ -35,7 +35,6 @@ from server.progress import Progress
 from server.results import ResultsWriter
 from settings.run import RunSettings
 from strategies.base import FederatedStrategy, RoundInfo
-from strategies.federation import Federation
 from strategies.ground_truth import GroundTruth
 from task.build import model_for
 
@@ -117,18 +116,19 @@ def starting_point(settings: RunSettings, strategy: FederatedStrategy, store: Ch
     return Start(checkpoint.lineage.child(checkpoint_round), checkpoint, inherited=True)
 
 
-def check_nodes_keep_state(settings: RunSettings, federation: Federation, store: CheckpointStore) -> None:
+def check_nodes_keep_state(settings: RunSettings, strategy: FederatedStrategy, store: CheckpointStore) -> None:
     """A run that continues from a checkpoint needs every node's state as it was there: refuse when
     some nodes keep theirs in memory only (deployed without ``state-dir``), since they would start
     over from their own labels and the run would go on silently on the wrong state."""
-    continues = (settings.resume and store.latest() is not None) or settings.resolved["strategy"].get("stages12_from")
-    if continues and federation.without_state:
-        missing = sorted(federation.without_state)
-        raise InvalidValue("resume" if settings.resume else "strategy.stages12_from", True if settings.resume else
-                           settings.resolved["strategy"]["stages12_from"],
-                           f"nodes that keep their state on disk; the nodes of partitions {missing[:10]}"
-                           f"{' ...' if len(missing) > 10 else ''} have no state-dir, so they would start over "
-                           "from their own labels (start them with --state-dir, or start the run over)")
+    missing = sorted(strategy.federation.without_state)
+    source = strategy.settings.starts_from(settings.num_clients)
+    resumes = settings.resume and store.latest() is not None
+    if not missing or not (resumes or source):
+        return
+    key, value = ("resume", True) if resumes else ("strategy.stages12_from", source[0] if source else None)
+    raise InvalidValue(key, value, f"nodes that keep their state on disk; the nodes of partitions {missing[:10]}"
+                                   f"{' ...' if len(missing) > 10 else ''} have no state-dir, so they would start "
+                                   "over from their own labels (start them with --state-dir, or start the run over)")
 
 
 class Checkpointer:
@@ -174,7 +174,7 @@ def run_server(grid: Grid, plan: RunPlan) -> dict[str, Any]:
     strategy.bind(discover(grid, settings.num_clients, settings.server.node_wait_timeout,
                            settings.server.round_timeout))
     store = CheckpointStore(settings.out_dir, settings.server.keep_checkpoints)
-    check_nodes_keep_state(settings, strategy.federation, store)
+    check_nodes_keep_state(settings, strategy, store)
     start = starting_point(settings, strategy, store)
     arrays = ArrayRecord(model.state_dict())
     checkpoint = start.checkpoint
@@ -202,16 +202,17 @@ def run_server(grid: Grid, plan: RunPlan) -> dict[str, Any]:
     blocks = strategy.result_blocks()
     for name, block in blocks.items():
         results.write_table(f"{name}_clients.csv", block.get("clients", []))
-    return results.finish(**blocks, attempts=attempts_block(settings, start.lineage, results.rounds))
+    return results.finish(**blocks, attempts=attempts_block(settings, strategy, start.lineage, results.rounds))
 
 
-def attempts_block(settings: RunSettings, lineage: Lineage, rounds: list[dict[str, Any]]) -> dict[str, Any]:
+def attempts_block(settings: RunSettings, strategy: FederatedStrategy, lineage: Lineage,
+                   rounds: list[dict[str, Any]]) -> dict[str, Any]:
     """results.json's ``attempts``: the checkpoint rounds the run resumed from, and the run whose
     stages 1-2 it took over, with that run's time up to there (which ``summary.wall_s`` and every
     ``elapsed_s`` include)."""
     source = None
     if lineage.parent:
         taken = next(row["elapsed_s"] for row in rounds if row["round"] == lineage.parent_round)
-        source = {"run_dir": settings.resolved["strategy"].get("stages12_from"), "round": lineage.parent_round,
-                  "elapsed_s": taken}
+        started = strategy.settings.starts_from(settings.num_clients)
+        source = {"run_dir": started[0] if started else None, "round": lineage.parent_round, "elapsed_s": taken}
     return {"resumed_at": list(lineage.resumed_at), "stages12_from": source}

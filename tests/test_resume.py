@@ -202,12 +202,13 @@ def test_a_resume_is_refused_when_nodes_keep_their_state_in_memory_only(run_at, 
     plan = load_run(compose_config([*SMOKE.split(), *RUNS["fedavg"].split(), "resume=true",
                                     f"out_dir={tmp_path / 'run'}"]))
     nodes = {pid: pid + 100 for pid in range(10)}
-    federation = Federation(nodes, dict.fromkeys(nodes, 50), without_state=frozenset({3, 7}))
+    strategy = plan.strategy.build(plan.context())
+    strategy.bind(Federation(nodes, dict.fromkeys(nodes, 50), without_state=frozenset({3, 7})))
     with pytest.raises(ConfigError, match=r"resume=True is invalid: nodes that keep their state on disk; the "
                                           r"nodes of partitions \[3, 7\] have no state-dir"):
-        check_nodes_keep_state(plan.settings, federation, CheckpointStore(tmp_path / "run"))
-    everyone = Federation(nodes, dict.fromkeys(nodes, 50))
-    check_nodes_keep_state(plan.settings, everyone, CheckpointStore(tmp_path / "run"))
+        check_nodes_keep_state(plan.settings, strategy, CheckpointStore(tmp_path / "run"))
+    strategy.bind(Federation(nodes, dict.fromkeys(nodes, 50)))
+    check_nodes_keep_state(plan.settings, strategy, CheckpointStore(tmp_path / "run"))
 
 
 def test_resume_true_without_a_checkpoint_starts_from_round_zero(run_at, tmp_path):
