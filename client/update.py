@@ -1,6 +1,6 @@
 """A client's local update as a plain function: global state in, trained model and stats out.
 
-The plug-ins (plain training included) and bench/overhead.py's sequential PyTorch loop all call it,
+The plug-ins (plain training included) and bench/throughput.py's sequential loop all call it,
 so they run exactly the same computation.
 """
 

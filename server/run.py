@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import shutil
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 import torch
 from flwr.app import ArrayRecord, MetricRecord
@@ -51,23 +52,58 @@ def initial_arrays(settings: RunSettings, dataset: Dataset) -> ArrayRecord:
     return ArrayRecord(initial_model(settings, dataset).state_dict())
 
 
-class RoundReporter:
-    """The run's observer: evaluates the global model when due, writes the round to the results and
-    prints its progress line. Returns the evaluation for the strategy's Result."""
+@runtime_checkable
+class SkipsEvaluation(Protocol):
+    """A strategy that leaves some of its rounds unevaluated (FedCorr's ``stage1_eval``)."""
 
-    def __init__(self, settings: RunSettings, evaluator: CentralEvaluator, results: ResultsWriter,
-                 num_rounds: int, live: LiveCurves | None = None) -> None:
-        self.eval_every = settings.server.eval_every
+    def skips_evaluation(self, server_round: int) -> bool:
+        """Whether the global model after ``server_round`` needs no central evaluation."""
+
+
+def never_skipped(server_round: int) -> bool:
+    """No round is skipped: the strategy evaluates every round ``server.eval_every`` asks for."""
+    return False
+
+
+@dataclass(frozen=True)
+class EvaluationSchedule:
+    """The rounds the observer evaluates: every ``every``-th round the strategy does not skip, and
+    always each stage's last round and the run's last round, so every stage's final model and the
+    final accuracy are known."""
+
+    every: int
+    last: int
+    stage_ends: frozenset[int] = frozenset()
+    skipped: Callable[[int], bool] = never_skipped
+
+    @classmethod
+    def of(cls, settings: RunSettings, strategy: FederatedStrategy) -> EvaluationSchedule:
+        """The schedule of ``strategy``'s rounds under ``server.eval_every``."""
+        skipped = strategy.skips_evaluation if isinstance(strategy, SkipsEvaluation) else never_skipped
+        return cls(settings.server.eval_every, strategy.planned_rounds(), frozenset(strategy.stage_ends()), skipped)
+
+    def due(self, server_round: int) -> bool:
+        """Whether the global model after ``server_round`` is evaluated."""
+        if server_round == self.last or server_round in self.stage_ends:
+            return True
+        return server_round % self.every == 0 and not self.skipped(server_round)
+
+
+class RoundReporter:
+    """The run's observer: evaluates the global model when the schedule says, writes the round to
+    the results and prints its progress line. Returns the evaluation for the strategy's Result."""
+
+    def __init__(self, schedule: EvaluationSchedule, evaluator: CentralEvaluator, results: ResultsWriter,
+                 live: LiveCurves | None = None) -> None:
+        self.schedule = schedule
         self.evaluator = evaluator
         self.results = results
-        self.num_rounds = num_rounds
-        self.progress = Progress(num_rounds)
+        self.progress = Progress(schedule.last)
         self.live = live
 
     def __call__(self, info: RoundInfo, arrays: ArrayRecord) -> MetricRecord | None:
         """Report a finished round; the global model's accuracy and loss when it was evaluated, else None."""
-        due = info.round % self.eval_every == 0 or info.round == self.num_rounds
-        scores, confusion = self.evaluator(arrays) if due else (None, None)
+        scores, confusion = self.evaluator(arrays) if self.schedule.due(info.round) else (None, None)
         row = self.results.add_round(
             server_round=info.round, stage=info.stage, clients=info.clients, comm_cost=info.comm_cost,
             test_acc=None if scores is None else scores.accuracy,
@@ -188,9 +224,9 @@ def run_server(grid: Grid, plan: RunPlan) -> dict[str, Any]:
         strategy.log.restore(checkpoint.log)
         restore_generators(strategy.rng, checkpoint.generators)
     store.write_record(RunRecord(settings.resolved, start.lineage))
-    num_rounds = strategy.planned_rounds()
     live = LiveCurves(settings.out_dir, strategy.result_blocks) if settings.logging.tensorboard else None
-    strategy.observe(RoundReporter(settings, CentralEvaluator(settings, dataset), results, num_rounds, live))
+    strategy.observe(RoundReporter(EvaluationSchedule.of(settings, strategy), CentralEvaluator(settings, dataset),
+                                   results, live))
     checkpointer = Checkpointer(settings, store, strategy, results, start.lineage)
     strategy.log.checkpoint = checkpointer
     strategy.log.scope = checkpointer.scope

@@ -51,6 +51,8 @@ from task.local_training import PROX_NORMS, LocalTraining
 log = logging.getLogger(__name__)
 
 PREPROCESS, FINETUNE, USUAL, DONE = "preprocess", "finetune", "usual", "done"
+# When stage 1 evaluates the global model: after every round, or after each iteration's last round.
+STAGE1_EVAL = ("round", "iteration")
 
 
 @dataclass(frozen=True)
@@ -99,6 +101,9 @@ class FedCorrSettings(StrategySettings):
     rank_losses: str = option(Options(LOSS_MODELS), "whose losses pick the top pi of the noisy subset: "
                                                     "global (eq. 6) | local")
     client_split_guard: str = option(Options(GUARDS), "none (the paper: always split) | bic | separation")
+    stage1_eval: str = option(Options(STAGE1_EVAL), "when the server evaluates the global model in stage 1: "
+                                                    "round (after every round) | iteration (after each "
+                                                    "iteration's last round only)")
     stage3: str = option(meaning="the stage-3 strategy: a round-based one without stages of its own")
     stage3_options: dict[str, dict[str, object]] = option(
         meaning="each stage-3 strategy's own options, by name (every block is checked)")
@@ -151,6 +156,11 @@ class FedCorrSettings(StrategySettings):
         assert isinstance(settings, RoundSettings)
         return settings
 
+    def stage1_rounds(self, num_clients: int) -> tuple[int, int]:
+        """The rounds of one stage-1 iteration (N/m1, rounded up) and of stage 1 (T1 iterations)."""
+        per_iteration = math.ceil(num_clients / self.stage1_round_size(num_clients))
+        return per_iteration, self.t1 * per_iteration
+
     def stage1_round_size(self, num_clients: int) -> int:
         """m1; without fraction scheduling stage 1 visits clients with the larger frac2."""
         fraction = self.frac2 if not self.ablation.fraction_scheduling else (self.frac1 or 1.0 / num_clients)
@@ -159,8 +169,7 @@ class FedCorrSettings(StrategySettings):
     def stages12_rounds(self, num_clients: int) -> int:
         """The rounds of stages 1 and 2: T1 iterations of N/m1 rounds, then the T2 rounds the ablation
         keeps."""
-        stage1 = self.t1 * math.ceil(num_clients / self.stage1_round_size(num_clients))
-        return stage1 + (self.t2 if self.ablation.finetuning else 0)
+        return self.stage1_rounds(num_clients)[1] + (self.t2 if self.ablation.finetuning else 0)
 
     def starts_from(self, num_clients: int) -> tuple[str, int] | None:
         """``stages12_from`` and the round its stages 1-2 end at; None when this run does them."""
@@ -259,9 +268,16 @@ class FedCorr(FederatedStrategy):
 
     def stage_ends(self) -> list[int]:
         """The last rounds of stage 1 and of stage 2 (one round when there is no finetuning)."""
-        n = len(self.federation.partition_ids)
-        stage1 = self.settings.t1 * math.ceil(n / self.settings.stage1_round_size(n))
+        _, stage1 = self.settings.stage1_rounds(len(self.federation.partition_ids))
         return sorted({stage1, self.stages12_rounds()})
+
+    def skips_evaluation(self, server_round: int) -> bool:
+        """With ``stage1_eval=iteration``, every stage-1 round but each iteration's last. With m1 = 1
+        such a round's global model is one client's weights, never the run's best; skipping its
+        evaluation saves a pass over the test split (docs/fedcorr.md, "Evaluation cadence")."""
+        per_iteration, stage1 = self.settings.stage1_rounds(len(self.federation.partition_ids))
+        return (self.settings.stage1_eval == "iteration" and server_round <= stage1
+                and server_round % per_iteration != 0)
 
     def state(self) -> dict[str, Any]:
         """FedCorr's own state, and stage 3's under ``stage3`` (None without a stage 3)."""
