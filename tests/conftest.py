@@ -11,6 +11,16 @@ os.environ.setdefault("FLWR_TELEMETRY_ENABLED", "0")
 
 
 @pytest.fixture(autouse=True, scope="session")
+def one_torch_thread() -> None:
+    """One torch thread per test process, as a simulated client has (client.num_threads): the fast
+    tier runs a process per core, and two threads each made small models 3-4x slower on 2 cores.
+    (A test's in-process run sets the same through the ClientApp; this makes it hold from the start.)"""
+    import torch
+
+    torch.set_num_threads(1)
+
+
+@pytest.fixture(autouse=True, scope="session")
 def isolated_cache(tmp_path_factory: pytest.TempPathFactory) -> None:
     """Keep the decoded-dataset cache of the test run out of the user's home directory."""
     os.environ["FEDCORR_CACHE_DIR"] = str(tmp_path_factory.mktemp("dataset-cache"))

@@ -2,13 +2,17 @@
 in this process or, run as a script, in a child process a test can SIGKILL by its pid:
 
     python tests/inprocess.py <Hydra overrides>
+    python tests/inprocess.py --bench bench/<script>.py <its arguments>
 
 The overrides are taken as ``sim.py`` takes them (``ground_truth=true`` unless given), so a run here
-computes what ``sim.py`` with the same overrides computes.
+computes what ``sim.py`` with the same overrides computes. ``--bench`` runs a bench script whose
+simulations (``sim.run``) run so instead: the bench's own logic (planning, reuse, resume, shared
+stages) as it is, without Ray.
 """
 
 from __future__ import annotations
 
+import runpy
 import sys
 from pathlib import Path
 
@@ -39,5 +43,22 @@ def run(words: list[str]) -> dict:
             setattr(TaskIdentity, name, value)
 
 
+def run_bench(script: str, args: list[str]) -> None:
+    """Run the bench ``script`` with ``args`` as its command line, each of its simulations by ``run``."""
+    import sim
+
+    def simulate(cfg, overrides: list[str]) -> dict:
+        """``sim.run``'s part: the run of the bench's ``overrides`` (its config is composed from them)."""
+        return run(list(overrides))
+
+    sim.run = simulate
+    sys.argv = [script, *args]
+    sys.path.insert(0, str(Path(script).resolve().parent))  # as `python <script>` has it
+    runpy.run_path(script, run_name="__main__")
+
+
 if __name__ == "__main__":
-    run(sys.argv[1:])
+    if sys.argv[1:2] == ["--bench"]:
+        run_bench(sys.argv[2], sys.argv[3:])
+    else:
+        run(sys.argv[1:])

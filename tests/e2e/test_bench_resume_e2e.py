@@ -1,9 +1,12 @@
 """A benchmark stopped mid-run resumes it, and FedCorr's columns share stages 1-2, end to end:
 bench/strategies_fmnist.py on the smoke scene (digits, 10 clients) with two FedCorr columns, T1 = 1 and
-T2 = 2 (stages 1-2: 12 rounds, 16 participations) and 2 rounds of stage 3, through the real Flower
-simulation engine on Ray. The bench is SIGKILLed (its own process group) once the first FedCorr run
-wrote a checkpoint, rerun with --reuse, and the column that took stages 1-2 over is compared with the
-same column run from round 0. (The bench's logic is tested without Ray in tests/test_bench_runs.py.)"""
+T2 = 2 (stages 1-2: 12 rounds, 16 participations) and 2 rounds of stage 3, as a process of its own whose
+simulations run over the test grid (``tests/inprocess.py --bench``: the real server and client code
+without Ray, which computes what the Ray simulation computes; killing ``sim.py`` and its Ray processes
+and resuming it is tests/e2e/test_resume_e2e.py). The bench is SIGKILLed (its own process group) once
+the first FedCorr run wrote a checkpoint, rerun with --reuse, and the column that took stages 1-2 over
+is compared with the same column run from round 0. (The bench's logic is tested with a stand-in for
+the runs in tests/test_bench_runs.py.)"""
 
 from __future__ import annotations
 
@@ -16,6 +19,7 @@ import sys
 import time
 from pathlib import Path
 
+import inprocess
 import pytest
 from commands import REPO
 
@@ -40,8 +44,8 @@ def load_strategies_bench():
 
 
 def bench_command(outputs: Path) -> list[str]:
-    return [sys.executable, str(BENCH), "--experiment", "smoke", "--rhos", "0.4", "--budget", str(BUDGET),
-            "--methods", *COLUMNS, "--outputs", str(outputs), "--reuse", "--", *OVERRIDES]
+    return [sys.executable, inprocess.__file__, "--bench", str(BENCH), "--experiment", "smoke", "--rhos", "0.4",
+            "--budget", str(BUDGET), "--methods", *COLUMNS, "--outputs", str(outputs), "--reuse", "--", *OVERRIDES]
 
 
 def checkpoint_rounds(out_dir: Path) -> list[int]:
@@ -65,7 +69,7 @@ def computed(payload: dict) -> dict:
 
 @pytest.fixture(scope="module")
 def bench_runs(tmp_path_factory):
-    """Run the bench, kill it mid-run, rerun it with --reuse; meanwhile run one column from round 0."""
+    """Run the bench, kill it mid-run, rerun it with --reuse; then run one column from round 0."""
     root = tmp_path_factory.mktemp("bench-resume")
     outputs = root / "outputs"
     bench = load_strategies_bench()
@@ -77,33 +81,29 @@ def bench_runs(tmp_path_factory):
     log = open(root / "killed.log", "w")
     killed = subprocess.Popen(bench_command(outputs), cwd=REPO, stdout=log, stderr=subprocess.STDOUT,
                               start_new_session=True)
-    # The column run from round 0, beside the bench (the Ray start-ups overlap).
-    scratch_dir = root / "scratch"
-    scratch_overrides = [*plan["0.4", other][:-1], f"out_dir={scratch_dir}"]
-    scratch_log = open(root / "scratch.log", "w")
-    scratch = subprocess.Popen([sys.executable, "sim.py", *scratch_overrides], cwd=REPO, stdout=scratch_log,
-                               stderr=subprocess.STDOUT)
     try:
         deadline = time.monotonic() + 300
         while not any(checkpoint_rounds(folder) for folder in dirs.values()):
             assert killed.poll() is None, (root / "killed.log").read_text()[-3000:]
             assert time.monotonic() < deadline, "no checkpoint within 300 s"
-            time.sleep(0.2)
+            time.sleep(0.05)
     finally:
-        os.killpg(killed.pid, signal.SIGKILL)  # the bench, its Ray processes and actors: its own group only
+        try:
+            os.killpg(killed.pid, signal.SIGKILL)  # the bench and whatever it started: its own group only
+        except ProcessLookupError:  # it ended by itself (the assertion above says how)
+            pass
         killed.wait()
         log.close()
     assert not checkpoint_rounds(dirs[other]), "the bench ran the column that takes stages 1-2 over first"
     killed_at = checkpoint_rounds(dirs[source])[-1]
 
     rerun = subprocess.run(bench_command(outputs), cwd=REPO, capture_output=True, text=True, timeout=600)
-    scratch.wait(timeout=600)
-    scratch_log.close()
-    assert scratch.returncode == 0, (root / "scratch.log").read_text()[-3000:]
     assert rerun.returncode == 0, rerun.stderr[-3000:]
     payloads = {column: json.loads((folder / "results.json").read_text()) for column, folder in dirs.items()}
+    # The column run from round 0.
+    inprocess.run([*plan["0.4", other][:-1], f"out_dir={root / 'scratch'}"])
     return {"dirs": dirs, "source": source, "other": other, "killed_at": killed_at, "stdout": rerun.stdout,
-            "payloads": payloads, "scratch": json.loads((scratch_dir / "results.json").read_text())}
+            "payloads": payloads, "scratch": json.loads((root / "scratch" / "results.json").read_text())}
 
 
 def test_the_killed_bench_resumes_its_run_from_the_checkpoint(bench_runs):

@@ -18,6 +18,8 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -216,10 +218,34 @@ def test_scripts_refuse_bad_arguments_before_starting_anything(script, args, mes
     assert done.returncode == 2 and message in done.stderr, done.stderr
 
 
+def _kill_supernode_after_round_one(federation: LocalFederation) -> None:
+    """SIGKILL SuperNode 2 and every process under it (a crashed machine) once round 1 is recorded:
+    round 2, sent to all 3 clients, is then in flight and node 2 cannot have answered it yet (its
+    ClientApp process takes seconds to start)."""
+    federation.wait_for("round 1 in results.json", lambda: federation.rounds_done() >= 1, 600)
+    _kill(_tree(federation.pid("supernode_2")))
+
+
+@pytest.fixture(scope="module")
+def supernode_killed(tmp_path_factory) -> Iterator[tuple[LocalFederation, Future]]:
+    """A federation of 3 running FedAvg (2 rounds of all 3 clients, server.on_client_error=fail) whose
+    SuperNode 2 a background thread kills once round 1 is recorded (the future of that kill). The run
+    then waits for the SuperLink to give up on the dead node (2 x 30 s of missed heartbeats): started
+    first by the smoke test below, this federation spends that wait while the smoke run works."""
+    federation = LocalFederation(tmp_path_factory.mktemp("supernode-killed"), "--", "experiment=smoke",
+                                 "strategy=fedavg", "strategy.num_rounds=2", "strategy.fraction=1.0",
+                                 "server.on_client_error=fail")
+    with ThreadPoolExecutor(max_workers=1) as background:
+        try:
+            yield federation, background.submit(_kill_supernode_after_round_one, federation)
+        finally:
+            federation.stop()  # also ends the thread's wait, should the test have stopped before the kill
+
+
 # A deployed run starts a ClientApp process per message: minutes on a loaded 2-core machine, so these
 # two tests get more than the suite's 600 s per test (their own waits end them first).
 @pytest.mark.timeout(1200)
-def test_fedcorr_smoke_runs_over_tls_with_authenticated_supernodes_and_local_data_files(tmp_path):
+def test_fedcorr_smoke_runs_over_tls_with_authenticated_supernodes_and_local_data_files(tmp_path, supernode_killed):
     federation = LocalFederation(tmp_path, "--data-files")
     rogue = None
     try:
@@ -271,24 +297,15 @@ def test_fedcorr_smoke_runs_over_tls_with_authenticated_supernodes_and_local_dat
     _assert_all_stopped(federation)
 
 
-def _kill_supernode_after_round_one(federation: LocalFederation) -> None:
-    """SIGKILL SuperNode 2 and every process under it (a crashed machine) once round 1 is recorded:
-    round 2, sent to all 3 clients, is then in flight and node 2 cannot have answered it yet (its
-    ClientApp process takes seconds to start)."""
-    federation.wait_for("round 1 in results.json", lambda: federation.rounds_done() >= 1, 600)
-    _kill(_tree(federation.pid("supernode_2")))
-
-
 @pytest.mark.timeout(1200)
-def test_a_supernode_killed_mid_run_fails_the_run_naming_the_client(tmp_path):
+def test_a_supernode_killed_mid_run_fails_the_run_naming_the_client(supernode_killed):
     """The default policy (server.on_client_error=fail). The SuperLink answers for the dead node once
     its heartbeat is 2 x 30 s overdue; the ServerApp stops naming the client, and the scripts report
     the failed run (`flwr run --stream` alone would exit 0). With server.on_client_error=skip the same
     run completes with clients [0, 1] in round 2 (see deploy/README.md)."""
-    federation = LocalFederation(tmp_path, "--", "experiment=smoke", "strategy=fedavg", "strategy.num_rounds=2",
-                                 "strategy.fraction=1.0", "server.on_client_error=fail")
+    federation, killing = supernode_killed
     try:
-        _kill_supernode_after_round_one(federation)
+        killing.result(timeout=600)
         code = federation.finish(timeout=600)
         output = federation.output()
         assert code == 1, output[-5000:]
@@ -458,6 +475,37 @@ def _assert_ends_as_the_reference(federation: LocalFederation, out: Path, refere
     assert all(np.array_equal(deployed[k], simulated[k]) for k in simulated)
 
 
+def _stage1_end(reference: Path) -> int:
+    """The round of the checkpoint at stage 1's end: the number of stage-1 rounds."""
+    return sum(row["stage"] == "preprocess" for row in _payload(reference)["rounds"])
+
+
+def _assert_failed_after_the_stage1_checkpoint(first: Submission, out: Path, stage1_end: int) -> None:
+    """The first submission lost its ServerApp: the SuperLink stopped hearing its heartbeat and failed
+    the run, run.sh reported it, and the checkpoint on disk is the one of stage 1's end."""
+    assert first.finish(timeout=600) == 1, first.output()[-3000:]
+    assert "ended 'finished:failed': No heartbeat received from the task" in first.output(), first.output()[-3000:]
+    checkpoints = sorted(path.name for path in (out / "checkpoints").iterdir())
+    assert checkpoints == [f"round-{stage1_end:07d}-stage.ckpt", "run.json"], checkpoints
+
+
+def _resume_to_the_end_as_the_reference(federation: LocalFederation, out: Path, log: Path, reference: Path) -> None:
+    """The resume step: `resume=true` submitted for the failed run in ``out`` continues after the
+    checkpoint of stage 1's end (its first round line is the next round), completes, and ends as the
+    uninterrupted simulated run, with the checkpoint it resumed from in its lineage."""
+    stage1_end = _stage1_end(reference)
+    resumed = Submission(federation, out, log, *RESUMABLE, "resume=true")
+    try:
+        assert resumed.finish(timeout=3600) == 0, resumed.output()[-5000:]
+    finally:
+        resumed.stop()
+    output = resumed.output()
+    assert "finished:completed" in output, output[-3000:]
+    assert re.findall(r"\[round +(\d+)/", output)[0] == str(stage1_end + 1), output[-3000:]
+    _assert_ends_as_the_reference(federation, out, reference)
+    assert json.loads((out / "checkpoints" / "run.json").read_text())["lineage"]["resumed_at"] == [stage1_end]
+
+
 # A deployed run of 10 nodes starts a ClientApp process per message. Measured on the 2-core machine
 # shared with other jobs: 1.5 min for the federation and the reference, then 12, 8 and 7 min for the
 # three tests below (a 10-node run took 20 min under a heavier parallel load).
@@ -466,10 +514,9 @@ def _assert_ends_as_the_reference(federation: LocalFederation, out: Path, refere
 def test_a_killed_serverapp_resumes_with_flwr_run_and_ends_as_the_uninterrupted_run(
         standing_federation, reference, tmp_path):
     federation, out = standing_federation, tmp_path / "out"
-    stage1_end = sum(row["stage"] == "preprocess" for row in _payload(reference)["rounds"])
+    stage1_end = _stage1_end(reference)
     before = _serverapps(federation)
     first = Submission(federation, out, tmp_path / "first.log", *RESUMABLE)
-    second = None
     try:
         # Past the checkpoint at stage 1's end: a finetuning round is recorded and the next is in flight.
         _wait("a stage-2 round in rounds.jsonl", lambda: len(_rounds(out)) > stage1_end, 3600, first)
@@ -477,14 +524,9 @@ def test_a_killed_serverapp_resumes_with_flwr_run_and_ends_as_the_uninterrupted_
         assert len(serverapps) == 1, serverapps
         _kill(list(serverapps))
         recorded = len(_rounds(out))
-
-        # The SuperLink stops hearing the ServerApp's heartbeat and fails the run; run.sh reports it.
-        assert first.finish(timeout=600) == 1, first.output()[-3000:]
-        assert "ended 'finished:failed': No heartbeat received from the task" in first.output(), first.output()[-3000:]
+        _assert_failed_after_the_stage1_checkpoint(first, out, stage1_end)
         assert all(_running(federation.pid(name)) for name in ["superlink", *(f"supernode_{k}" for k in range(NODES))])
-        # On disk: the checkpoint of stage 1's end, the rounds so far, the nodes' versions of both attempts.
-        checkpoints = sorted(path.name for path in (out / "checkpoints").iterdir())
-        assert checkpoints == [f"round-{stage1_end:07d}-stage.ckpt", "run.json"], checkpoints
+        # On disk also: the rounds so far, the nodes' versions of both attempts.
         payload = _payload(out)
         assert payload["complete"] is False and len(payload["rounds"]) == recorded > stage1_end
         run_key = _run_key(out)
@@ -499,19 +541,9 @@ def test_a_killed_serverapp_resumes_with_flwr_run_and_ends_as_the_uninterrupted_
                           *[o.replace("strategy.t3=1", "strategy.t3=2") for o in RESUMABLE], "resume=true")
         assert changed.returncode == 2 and "Differing: strategy.t3 (1 -> 2)" in changed.stderr, changed.stderr
         assert "submitted run" not in changed.stdout
-
-        second = Submission(federation, out, tmp_path / "second.log", *RESUMABLE, "resume=true")
-        assert second.finish(timeout=3600) == 0, second.output()[-5000:]
-        output = second.output()
-        assert "finished:completed" in output
-        # The resumed run continues after the checkpoint: its first round line is round 11.
-        assert re.findall(r"\[round +(\d+)/", output)[0] == str(stage1_end + 1), output[-3000:]
     finally:
-        for running in (first, second):
-            if running is not None:
-                running.stop()
-    _assert_ends_as_the_reference(federation, out, reference)
-    assert json.loads((out / "checkpoints" / "run.json").read_text())["lineage"]["resumed_at"] == [stage1_end]
+        first.stop()
+    _resume_to_the_end_as_the_reference(federation, out, tmp_path / "second.log", reference)
     versions = _state_versions(federation, run_key)
     # The nodes' persisted state was used: attempt 2 wrote its own versions after the checkpoint, and
     # every version the killed attempt wrote after it is gone; attempt 1's stage-1 losses (round <= 10),
@@ -536,7 +568,7 @@ def test_a_supernode_killed_mid_run_rejoins_with_its_saved_state_and_the_run_end
     server.on_client_error=fail, with the losses the node saved before it died."""
     federation, out = standing_federation, tmp_path / "out"
     want = _payload(reference)
-    stage1_end = sum(row["stage"] == "preprocess" for row in want["rounds"])
+    stage1_end = _stage1_end(reference)
     node = want["rounds"][0]["clients"][0]
     assert node in want["fedcorr"]["detected_noisy_clients"]  # so the correction at round 11 needs its losses
     name = f"supernode_{node}"
@@ -595,10 +627,9 @@ def test_a_superlink_killed_mid_run_restarts_on_its_database_and_the_run_resumes
     knows them (same node ids) and the run, which it marks failed, and run.sh, which kept polling,
     reports it; `resume=true` continues from the checkpoint and ends as the uninterrupted run."""
     federation, out = standing_federation, tmp_path / "out"
-    stage1_end = sum(row["stage"] == "preprocess" for row in _payload(reference)["rounds"])
+    stage1_end = _stage1_end(reference)
     nodes = [federation.pid(f"supernode_{k}") for k in range(NODES)]
     first = Submission(federation, out, tmp_path / "first.log", *RESUMABLE)
-    second = None
     try:
         _wait("a stage-2 round in rounds.jsonl", lambda: len(_rounds(out)) > stage1_end, 3600, first)
         superlink = federation.pid("superlink")
@@ -618,18 +649,7 @@ def test_a_superlink_killed_mid_run_restarts_on_its_database_and_the_run_resumes
         # (the run may be declared failed, and run.sh end, before the last node is back)
         _wait(f"{NODES} SuperNodes online again", lambda: _online_nodes(federation) == NODES, 600, first, ends=True)
         assert all(_running(pid) for pid in nodes)  # the same SuperNode processes, reconnected
-
-        assert first.finish(timeout=600) == 1, first.output()[-3000:]
-        assert "ended 'finished:failed': No heartbeat received from the task" in first.output(), first.output()[-3000:]
-        assert sorted(path.name for path in (out / "checkpoints").iterdir()) == [
-            f"round-{stage1_end:07d}-stage.ckpt", "run.json"]
-
-        second = Submission(federation, out, tmp_path / "second.log", *RESUMABLE, "resume=true")
-        assert second.finish(timeout=3600) == 0, second.output()[-5000:]
-        assert re.findall(r"\[round +(\d+)/", second.output())[0] == str(stage1_end + 1), second.output()[-3000:]
+        _assert_failed_after_the_stage1_checkpoint(first, out, stage1_end)
     finally:
-        for running in (first, second):
-            if running is not None:
-                running.stop()
-    _assert_ends_as_the_reference(federation, out, reference)
-    assert json.loads((out / "checkpoints" / "run.json").read_text())["lineage"]["resumed_at"] == [stage1_end]
+        first.stop()
+    _resume_to_the_end_as_the_reference(federation, out, tmp_path / "second.log", reference)

@@ -1,12 +1,15 @@
-"""FedNoRo, FedDiv and FedES end to end on the smoke preset (conf/preset/smoke_<name>.yaml), through
-the real Flower simulation engine on Ray as one Hydra multirun, and through `flwr run .`. (Their
-mechanics are tested in the in-process tier: test_fednoro.py, test_feddiv.py, test_fedes.py.)"""
+"""FedNoRo, FedDiv and FedES end to end on the smoke preset (conf/preset/smoke_<name>.yaml): through
+the real Flower simulation engine on Ray as one Hydra multirun, scored against the truth; and as a
+deployment runs them, without ground truth, over the test grid (tests/inprocess.py: the same server
+and client code without Ray; `flwr run .` itself, which gives the ServerApp no ground truth, is
+tests/e2e/test_flwr_run.py). (Their mechanics are tested in the in-process tier: test_fednoro.py,
+test_feddiv.py, test_fedes.py.)"""
 
 import json
 
+import inprocess
 import pytest
 from commands import sim
-from test_flwr_run import flwr_run
 
 METHODS = ["fednoro", "feddiv", "fedes"]
 # smoke: 10 clients; FedNoRo 10 rounds of 3 (warm-up 1); FedDiv 10 one-client warm-up rounds, then
@@ -49,6 +52,7 @@ def test_each_method_runs_in_the_ray_simulation(simulated, name):
 
 
 @pytest.mark.parametrize("name", METHODS)
-def test_each_method_runs_under_flwr_run_without_ground_truth(tmp_path, name):
+def test_each_method_runs_without_ground_truth(tmp_path, name):
     # As a deployment runs it: the server has no ground truth, so nothing is scored.
-    check(flwr_run(tmp_path, f"experiment=smoke strategy={name}"), name, truth=False)
+    check(inprocess.run(["experiment=smoke", f"strategy={name}", "ground_truth=false", f"out_dir={tmp_path / 'run'}"]),
+          name, truth=False)

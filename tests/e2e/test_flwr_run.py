@@ -50,3 +50,5 @@ def test_flwr_run_local_simulation_writes_complete_results(tmp_path):
     payload = flwr_run(tmp_path, "experiment=smoke strategy=fedavg strategy.num_rounds=3")
     assert payload["complete"] is True and len(payload["rounds"]) == 3
     assert payload["summary"]["best_acc"] > 0.3
+    # As in a deployment, the ServerApp has no ground truth unless the run config says so.
+    assert payload["config"]["ground_truth"] is False

@@ -7,8 +7,10 @@ kill during a checkpoint's own write, and a resume whose config changed (refused
 The kill point is found by polling ``rounds.jsonl`` (one line per finished round); each case checks
 that a checkpoint was taken before the kill and that rounds after it had to be redone. The
 uninterrupted references run in this process over the test grid (``tests/inprocess.py``: the same
-server and client code without Ray, which computes what ``sim.py`` computes); the strategies other
-than FedCorr are killed as such a child process, FedCorr and the multirun as ``sim.py`` on Ray."""
+server and client code without Ray, which computes what ``sim.py`` computes). What is killed and
+resumed is such a child process for each strategy (FedCorr in each of its stages): the checkpoints,
+the nodes' saved state and the resume are our code, the same with or without Ray. The multirun is
+killed as ``sim.py`` on Ray, its Ray processes with it, and resumed with ``sim.py ... resume=true``."""
 
 from __future__ import annotations
 
@@ -186,7 +188,7 @@ def fedcorr_reference(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.mark.timeout(3600)
 def test_fedcorr_killed_in_each_stage_resumes_to_the_same_results(fedcorr_reference, tmp_path):
     """One run killed in stage 1, resumed and killed in stage 2, resumed and killed in stage 3,
-    resumed to its end."""
+    resumed to its end (a child process over the test grid)."""
     out = tmp_path / "run"
     args = [*FEDCORR, f"out_dir={out}"]
     resumed_from = []
@@ -194,10 +196,10 @@ def test_fedcorr_killed_in_each_stage_resumes_to_the_same_results(fedcorr_refere
         more = ["resume=true"] if resumed_from else []
         rows = sim_killed([*args, *more], out,
                           lambda rows, stage=stage, at=at: bool(rows) and rows[-1]["stage"] == stage
-                          and rows[-1]["round"] >= at, tmp_path / f"killed-{stage}.log")
+                          and rows[-1]["round"] >= at, tmp_path / f"killed-{stage}.log", command=CHILD)
         assert rows[-1]["stage"] == stage
         resumed_from.append(killed_with_rounds_to_redo(out, rows))
-    sim_ok(*args, "resume=true")
+    inprocess.run([*args, "resume=true"])
     assert_resumed(out, fedcorr_reference, *resumed_from)
     assert [r for r, stage_end, _ in CheckpointStore(out).files() if stage_end] == [20, 24]
 
