@@ -2,6 +2,8 @@
 
     python sim.py [Hydra overrides]            e.g. python sim.py experiment=smoke strategy=fedavg seed=2
     python sim.py -m seed=1,2,3                 a Hydra multirun, one simulation per seed
+    python sim.py -m seed=1,2,3 --jobs 2        the same jobs, two at a time as separate processes
+    python sim.py -m seed=1,2,3 --jobs 8 --cluster auto    as tasks on a Ray cluster (docs/cluster.md)
 
 Composes conf/, checks every value once (``server.config.load_run``) before anything starts, builds
 (or reuses) the scene in <out_dir>/scene.npz, runs the ServerApp and one virtual SuperNode per client
@@ -28,13 +30,15 @@ from hydra.core.hydra_config import HydraConfig  # noqa: E402
 from hydra.types import RunMode  # noqa: E402
 from omegaconf import DictConfig, OmegaConf  # noqa: E402
 
-from common.errors import ConfigError  # noqa: E402
+from common.errors import ConfigError, InvalidValue  # noqa: E402
 from common.folders import check_output_folder  # noqa: E402
 from data.scene import planned_scene, prepare_scene  # noqa: E402
+from launch.jobs import Finished, Job, Launcher  # noqa: E402
 from reports.runs import MULTIRUN_INDEX  # noqa: E402  (a multirun lists its jobs' out_dirs for report.py)
 from server.config import RunPlan, load_run  # noqa: E402
 from settings.command_line import checked_jobs, split_command_line  # noqa: E402
-from settings.compose import CONF_DIR  # noqa: E402  (also registers the resolvers of the default out_dir)
+from settings.compose import CONF_DIR, WORKDIR_KEY  # noqa: E402  (also registers the default out_dir's resolvers)
+from settings.run import check_ray_address  # noqa: E402
 
 GROUND_TRUTH = "ground_truth"
 
@@ -73,6 +77,7 @@ def check_simulation(plan: RunPlan) -> None:
 
     check_device("client.device", plan.settings.client.device)
     check_ray_init_args(plan.settings.simulation.ray_init_args)
+    check_ray_address("simulation.ray_address", plan.settings.simulation.ray_address)
 
 
 def check_client_sizes(sizes: Sequence[int], plan: RunPlan) -> None:
@@ -89,6 +94,11 @@ def preflight(argv: list[str]) -> list[RunPlan]:
     overrides read, swept (``-m``) and composed, each job's every value, and its data against the
     scene it asks for. Returns each job's plan.
     A command line with Hydra's own flags (``--cfg``, ``--help``) is left to Hydra."""
+    return [plan for _, plan in planned_jobs(argv)]
+
+
+def planned_jobs(argv: list[str]) -> list[tuple[list[str], RunPlan]]:
+    """``preflight``'s checks; returns each job's overrides and plan."""
     command = split_command_line(argv)
     if command.other_flags:
         return []
@@ -105,7 +115,7 @@ def preflight(argv: list[str]) -> list[RunPlan]:
         # strategy needs of every client.
         scene, _, _ = planned_scene(plan.settings.scene, plan.settings.out_dir)
         check_client_sizes([int(size) for size in scene.client_sizes()], plan)
-        plans.append(plan)
+        plans.append((words, plan))
     return plans
 
 
@@ -113,6 +123,7 @@ def run(cfg: DictConfig, overrides: list[str]) -> dict:
     """Check, build the scene, run the simulation; returns the results payload."""
     from client.app import app as client_app
     from server.app import app as server_app
+    from server.cluster import check_nodes
     from server.results import read_results
     from server.simulation_engine import run_simulation_engine
 
@@ -126,8 +137,11 @@ def run(cfg: DictConfig, overrides: list[str]) -> dict:
         server_app,
         client_app,
         num_supernodes=settings.num_clients,
-        run_config={"overrides": shlex.join(overrides)},
+        # The working folder: on a Ray cluster a client's process starts elsewhere, and a relative
+        # out_dir must name the same folder there.
+        run_config={"overrides": shlex.join(overrides), WORKDIR_KEY: os.getcwd()},
         simulation=settings.simulation,
+        check_nodes=lambda address: check_nodes(address, settings),
     )
     return read_results(settings.out_dir)
 
@@ -164,10 +178,110 @@ def main(cfg: DictConfig) -> None:
     print(format_summary(payload))
 
 
+LAUNCH_FLAGS = ("--jobs", "--cluster", "--job-cpus")
+"""sim.py's own flags (not Hydra's): how a multirun's jobs run (``launch.jobs.Launcher``)."""
+
+
+def take_launch_flags(argv: list[str]) -> tuple[Launcher, list[str]]:
+    """The launcher that ``--jobs N``, ``--cluster ADDRESS`` and ``--job-cpus K`` ask for, and the
+    other words of ``argv`` (for Hydra). Either form works: ``--jobs 2`` or ``--jobs=2``."""
+    given: dict[str, str] = {}
+    rest: list[str] = []
+    words = iter(argv)
+    for word in words:
+        flag, equals, value = word.partition("=")
+        if flag not in LAUNCH_FLAGS:
+            rest.append(word)
+            continue
+        value = value if equals else next(words, "")
+        if not value:
+            raise ConfigError(f"{flag} is invalid: it needs a value, e.g. {flag}=2")
+        given[flag] = value
+
+    def integer(flag: str) -> int | None:
+        if flag not in given:
+            return None
+        if not given[flag].isdigit():
+            raise InvalidValue(flag, given[flag], "allowed is an integer >= 1")
+        return int(given[flag])
+
+    jobs = integer("--jobs")
+    launcher = Launcher(jobs=1 if jobs is None else jobs, cluster=given.get("--cluster"),
+                        job_cpus=integer("--job-cpus"))
+    if given and not split_command_line(rest).multirun:
+        flag = next(iter(given))
+        raise ConfigError(f"{flag} is invalid here: it runs the jobs of a multirun; add -m")
+    return launcher, rest
+
+
+def sweep_folder(overrides: list[str]) -> Path:
+    """The multirun's folder, as Hydra would name it (``hydra.sweep.dir``, or the conf's default)."""
+    from hydra.core.utils import setup_globals
+    from omegaconf import OmegaConf
+
+    given = [word.partition("=")[2] for word in overrides if word.startswith("hydra.sweep.dir=")]
+    if given:
+        return Path(given[-1])
+    setup_globals()  # Hydra's resolvers (``now``) that the default folder's name uses
+    return Path(str(OmegaConf.load(CONF_DIR / "config.yaml").hydra.sweep.dir))
+
+
+def job_names(words: list[list[str]]) -> list[str]:
+    """Each job's name: its number and the overrides that differ between the jobs (the swept ones)."""
+    shared = set.intersection(*(set(job) for job in words)) if words else set()
+    return [f"{k + 1}/{len(words)} " + " ".join(word for word in job if word not in shared)
+            for k, job in enumerate(words)]
+
+
+def run_concurrently(jobs: list[tuple[list[str], RunPlan]], argv: list[str], launcher: Launcher) -> int:
+    """Run a multirun's checked ``jobs`` (``planned_jobs(argv)``) with ``launcher``, each a ``sim.py``
+    process of its own, as a serial multirun would run it; list each finished run in the sweep folder
+    for report.py. Returns the exit status: 0 when every job succeeded, else 1 after one line per
+    failed job."""
+    folders: dict[str, list[str]] = {}
+    for job_words, plan in jobs:
+        folders.setdefault(str(Path(plan.settings.out_dir).resolve()), []).append(" ".join(job_words))
+    for folder, which in folders.items():
+        if len(which) > 1:
+            raise InvalidValue("--jobs", launcher.jobs, f"jobs that write to different folders; {len(which)} jobs "
+                                                        f"would write to {folder} at once (set out_dir per job)")
+    sweep = sweep_folder(split_command_line(argv).overrides)
+    sweep.mkdir(parents=True, exist_ok=True)
+    words = [job_words for job_words, _ in jobs]
+    names = job_names(words)
+    out_dirs = {name: str(Path(plan.settings.out_dir).resolve()) for name, (_, plan) in zip(names, jobs)}
+
+    def listed(finished: Finished) -> None:
+        if finished.ok:
+            with open(sweep / MULTIRUN_INDEX, "a") as index:
+                index.write(f"{out_dirs[finished.job.name]}\n")
+
+    try:
+        ended = launcher.run([Job(name, launcher.sim_argv(job)) for name, job in zip(names, words)], listed)
+    except KeyboardInterrupt:
+        print(f"\nstopped: the jobs still running were stopped; the finished ones are listed in "
+              f"{sweep / MULTIRUN_INDEX}. The same command with resume=true continues each stopped run from "
+              "its last checkpoint", file=sys.stderr)
+        return 130
+    print(f"\n{len(ended)} jobs, {launcher.jobs} at a time" + (f" on {launcher.cluster}" if launcher.cluster else "")
+          + f"; runs listed in {sweep / MULTIRUN_INDEX}")
+    for finished in ended:
+        state = "ok" if finished.ok else f"FAILED (exit status {finished.returncode})"
+        print(f"  {finished.seconds:8.1f} s  {state:<8}  {finished.job.name}  ->  {out_dirs[finished.job.name]}")
+    failed = [finished for finished in ended if not finished.ok]
+    for finished in failed:
+        print(f"error: job {finished.job.name} exited with status {finished.returncode}", file=sys.stderr)
+    return 1 if failed else 0
+
+
 if __name__ == "__main__":
     try:
-        preflight(sys.argv[1:])
+        launcher, argv = take_launch_flags(sys.argv[1:])
+        jobs = planned_jobs(argv)
+        if launcher.concurrent:
+            sys.exit(run_concurrently(jobs, argv, launcher))
     except ConfigError as err:
         print(f"error: {err}", file=sys.stderr)
         sys.exit(2)
+    sys.argv = [sys.argv[0], *argv]
     main()

@@ -16,10 +16,18 @@ takes it from there. Runs: outputs/bench-fedcorr/rho<rho>-tau<tau>/seed<seed>/<r
 from __future__ import annotations
 
 import argparse
-from typing import Any
 
 from fedcorr_fmnist import parse_setting
-from runs import ConfigError, check_all, fedcorr_figure, main_with_clear_errors, run, spread
+from runs import (
+    ConfigError,
+    add_launch_arguments,
+    check_all,
+    fedcorr_figure,
+    launcher_from,
+    main_with_clear_errors,
+    run_plan,
+    spread,
+)
 
 SWITCHES = ("correction", "fraction_scheduling", "local_proximal", "finetuning", "usual_training", "mixup")
 ROWS = ("fedcorr", *(f"no-{switch.replace('_', '-')}" for switch in SWITCHES))
@@ -51,8 +59,10 @@ def main() -> None:
                         help=f"the rows to run, of {', '.join(ROWS)} (default: all)")
     parser.add_argument("--reuse", action="store_true",
                         help="reuse finished runs with the same config, resume stopped ones from their checkpoint")
+    add_launch_arguments(parser)
     parser.add_argument("overrides", nargs="*", default=[])
     args = parser.parse_args()
+    launcher = launcher_from(args)
     rho, tau = parse_setting(args.setting, "--setting")
     if len(set(args.seeds)) != len(args.seeds):
         raise ConfigError(f"--seeds {' '.join(map(str, args.seeds))} is invalid: allowed are distinct seeds")
@@ -62,9 +72,10 @@ def main() -> None:
         return ["experiment=fmnist", *args.overrides, f"seed={seed}", "noise=fedcorr", f"noise.rho={rho}",
                 f"noise.tau={tau}", *row_overrides(row), f"out_dir={out_dir}"]
 
-    check_all([overrides(row, seed) for row in args.rows for seed in args.seeds], args.reuse)
-    table: dict[str, list[dict[str, Any]]] = {row: [run(overrides(row, seed), args.reuse) for seed in args.seeds]
-                                              for row in args.rows}
+    plan = {(row, seed): overrides(row, seed) for row in args.rows for seed in args.seeds}
+    check_all(list(plan.values()), args.reuse)
+    done = run_plan(plan, list(plan), args.reuse, launcher=launcher)
+    table = {row: [done[(row, seed)] for seed in args.seeds] for row in args.rows}
     paper = PAPER_TABLE_6.get((rho, tau))
     print(f"\nTable 6 analogue: Fashion-MNIST, 100 clients IID, LeNet-5, (rho, tau) = ({rho}, {tau}), seeds "
           f"{' '.join(map(str, args.seeds))}; paper: CIFAR-10 best accuracy (Table 6, 5 trials)")

@@ -23,7 +23,18 @@ import argparse
 from collections.abc import Callable
 from typing import Any
 
-from runs import ConfigError, accuracies, check_all, fedcorr_figure, main_with_clear_errors, plateau, run, spread
+from runs import (
+    ConfigError,
+    accuracies,
+    add_launch_arguments,
+    check_all,
+    fedcorr_figure,
+    launcher_from,
+    main_with_clear_errors,
+    plateau,
+    run_plan,
+    spread,
+)
 
 PLATEAU_RUNS = ("fedavg-plateau", "fedcorr-plateau")
 
@@ -114,6 +125,7 @@ def main() -> None:
                         help="FedAvg rounds / FedCorr stage-3 rounds of the plateau runs (0: skip them)")
     parser.add_argument("--reuse", action="store_true",
                         help="reuse finished runs with the same config, resume stopped ones from their checkpoint")
+    add_launch_arguments(parser)
     parser.add_argument("overrides", nargs="*", default=[])
     args = parser.parse_args()
     variants = parse_variants(args.variant)
@@ -135,22 +147,28 @@ def main() -> None:
                for rho, tau in settings for name, (choice, seeds) in fedcorr_runs.items() for seed in seeds],
               args.reuse)
     seeds_of = {"fedcorr": args.seeds, "fedavg": args.seeds, **{name: s for name, (_, s) in fedcorr_runs.items()}}
-    table: dict[str, dict[str, list[dict[str, Any]]]] = {}
-    for rho, tau in settings:
-        columns: dict[str, list[dict[str, Any]]] = {name: [] for name in seeds_of}
-        for seed in sorted(set(args.seeds) | set(variant_seeds)):
-            overrides, tag = scene(rho, tau, seed)
-            for name, (choice, seeds) in fedcorr_runs.items():
-                if seed in seeds:
-                    columns[name].append(run([*overrides, *choice, f"out_dir={tag}/{name}"], args.reuse))
-            if seed in args.seeds:
-                fedcorr = columns["fedcorr"][-1]
-                cost, clients = fedcorr["summary"]["comm_cost"], fedcorr["config"]["num_clients"]
-                per_round = max(1, round(fedcorr["config"]["strategy"]["frac2"] * clients))
-                columns["fedavg"].append(run([*overrides, "strategy=fedavg", f"strategy.fraction={per_round / clients}",
-                                              f"strategy.num_rounds={cost // per_round}", f"out_dir={tag}/fedavg"],
-                                             args.reuse))
-        table[f"({rho}, {tau})"] = columns
+    launcher = launcher_from(args)
+    plan = {(rho, tau, seed, name): [*scene(rho, tau, seed)[0], *choice, f"out_dir={scene(rho, tau, seed)[1]}/{name}"]
+            for rho, tau in settings for seed in sorted(set(args.seeds) | set(variant_seeds))
+            for name, (choice, seeds) in fedcorr_runs.items() if seed in seeds}
+    done = run_plan(plan, list(plan), args.reuse, launcher=launcher)
+
+    def equal_cost(rho: str, tau: str, seed: int) -> list[str]:
+        """FedAvg at the cost FedCorr spent, with FedCorr's stage-2/3 clients per round."""
+        overrides, tag = scene(rho, tau, seed)
+        fedcorr = done[(rho, tau, seed, "fedcorr")]
+        cost, clients = fedcorr["summary"]["comm_cost"], fedcorr["config"]["num_clients"]
+        per_round = max(1, round(fedcorr["config"]["strategy"]["frac2"] * clients))
+        return [*overrides, "strategy=fedavg", f"strategy.fraction={per_round / clients}",
+                f"strategy.num_rounds={cost // per_round}", f"out_dir={tag}/fedavg"]
+
+    fedavg = {(rho, tau, seed, "fedavg"): equal_cost(rho, tau, seed) for rho, tau in settings for seed in args.seeds}
+    check_all(list(fedavg.values()), args.reuse)
+    done |= run_plan(fedavg, list(fedavg), args.reuse, launcher=launcher)
+    table: dict[str, dict[str, list[dict[str, Any]]]] = {
+        f"({rho}, {tau})": {name: [done[(rho, tau, seed, name)] for seed in sorted(seeds_of[name])]
+                            for name in seeds_of}
+        for rho, tau in settings}
 
     first = table[next(iter(table))]["fedcorr"][0]["config"]["strategy"]
     print(f"\nFashion-MNIST, 100 clients IID, LeNet-5; FedCorr {first['t1']}/{first['t2']}/{first['t3']} (T1/T2/T3); "

@@ -37,8 +37,10 @@ from typing import Any
 from runs import (
     ConfigError,
     Ledger,
+    add_launch_arguments,
     check_all,
     finished,
+    launcher_from,
     main_with_clear_errors,
     print_time_saved,
     run_plan,
@@ -120,8 +122,10 @@ def main() -> None:
     parser.add_argument("--report", action="store_true",
                         help="run nothing: print the table of the runs finished so far ('-' for the others)")
     parser.add_argument("--outputs", default="outputs", help="the folder bench-field/ goes in")
+    add_launch_arguments(parser)
     parser.add_argument("overrides", nargs="*", default=[])
     args = parser.parse_args()
+    launcher = launcher_from(args)
     if args.budget < 1:
         raise ConfigError(f"--budget {args.budget} is invalid: allowed is an integer >= 1")
     seeds = {cell: sorted(set(args.seeds) | (set(args.more_seeds) if cell == SEEDED_CELL else set()))
@@ -134,7 +138,7 @@ def main() -> None:
     order = sorted(planned, key=lambda key: (key[2], args.cells.index(key[0]), args.columns.index(key[1])))
     ledger = Ledger()
     done = ({key: finished(planned[key]) for key in order} if args.report
-            else run_plan(planned, order, args.reuse, ledger))
+            else run_plan(planned, order, args.reuse, ledger, launcher))
 
     print(f"\nThe field on {args.experiment} at comm_budget={args.budget} client participations "
           f"(overrides {args.overrides}); test accuracy %, mean ± std over the seeds")

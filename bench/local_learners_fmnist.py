@@ -28,7 +28,19 @@ import argparse
 import re
 from typing import Any
 
-from runs import ConfigError, check_all, finished, main_with_clear_errors, run, spread
+from runs import (
+    ConfigError,
+    add_launch_arguments,
+    check_all,
+    finished,
+    launcher_from,
+    main_with_clear_errors,
+    run_plan,
+    spread,
+)
+
+# Imported after runs, which puts the project root ahead of bench/ (whose data.py is not our package).
+from launch.jobs import Launcher  # noqa: E402
 
 COLUMNS = ("fedavg", "mixup", "sce", "coteaching", "lsr", "fedcorr")
 CELLS = ("sym0.3", "sym0.5", "sym0.7", "pair0.2", "pair0.4")
@@ -88,12 +100,12 @@ def cell_run(cell: str, column: str, seed: int, lr: float, extra: list[str]) -> 
             f"out_dir=outputs/bench-learners/{cell}/seed{seed}/{column}"]
 
 
-def lr_sweep(rates: list[float], extra: list[str], reuse: bool) -> None:
+def lr_sweep(rates: list[float], extra: list[str], reuse: bool, launcher: Launcher) -> None:
     """Clean FedAvg at each learning rate: the choice of LeNet-5's lr."""
     runs = {lr: [*protocol(lr, 1, extra), "noise=none", "strategy=fedavg",
                  f"out_dir=outputs/bench-learners/clean/lr{lr}/fedavg"] for lr in rates}
     check_all(list(runs.values()), reuse)
-    done = {lr: run(overrides, reuse) for lr, overrides in runs.items()}
+    done = run_plan(runs, list(runs), reuse, launcher=launcher)
     print("\nClean Fashion-MNIST, FedAvg, LeNet-5, the FedLSR protocol (seed 1): the lr choice")
     print(f"{'lr':>6} {'best %':>8} {'final %':>8} {'last-10 %':>10}")
     for lr, payload in done.items():
@@ -125,12 +137,14 @@ def main() -> None:
                         help="reuse finished runs with the same config, resume stopped ones from their checkpoint")
     parser.add_argument("--report", action="store_true",
                         help="run nothing: print the table of the runs finished so far ('-' for the others)")
+    add_launch_arguments(parser)
     parser.add_argument("overrides", nargs="*", default=[])
     args = parser.parse_args()
+    launcher = launcher_from(args)
     if not args.lr > 0:
         raise ConfigError(f"--lr {args.lr} is invalid: allowed is a number > 0")
     if args.lr_sweep is not None:
-        lr_sweep(args.lr_sweep, args.overrides, args.reuse)
+        lr_sweep(args.lr_sweep, args.overrides, args.reuse, launcher)
         return
     for cell in args.cells:
         parse_cell(cell)
@@ -141,7 +155,8 @@ def main() -> None:
     check_all(list(planned.values()), args.reuse or args.report)
     # Seed 1 of every cell first, so the table's first row of numbers is complete early.
     order = sorted(planned, key=lambda key: (key[2], args.cells.index(key[0]), args.columns.index(key[1])))
-    done = {key: finished(planned[key]) if args.report else run(planned[key], args.reuse) for key in order}
+    done = ({key: finished(planned[key]) for key in order} if args.report
+            else run_plan(planned, order, args.reuse, launcher=launcher))
 
     def cell_runs(cell: str, column: str) -> list[dict[str, Any]]:
         """The finished runs of a cell's column (with --report, maybe fewer than its seeds)."""

@@ -13,6 +13,7 @@ that saved.
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import sys
@@ -29,9 +30,11 @@ from omegaconf import DictConfig, OmegaConf  # noqa: E402
 
 import sim  # noqa: E402
 from common.errors import ConfigError  # noqa: E402
+from launch.jobs import Job, Launcher  # noqa: E402
 from reports.tables import mean_std  # noqa: E402
 from server.checkpoints import CheckpointStore, changed_keys, config_changes  # noqa: E402
 from server.config import BOOKKEEPING_KEYS, EXECUTION_KEYS, load_run  # noqa: E402
+from server.results import read_results  # noqa: E402
 from settings.compose import compose_config  # noqa: E402
 from strategies.fedcorr import FedCorrSettings  # noqa: E402
 
@@ -47,7 +50,8 @@ REUSE_IGNORES = ("resume", STAGES12_FROM)
 
 
 def finished_results(out_dir: str, config: dict[str, Any]) -> dict[str, Any] | None:
-    """The results in ``out_dir`` if that run completed with ``config`` (but ``REUSE_IGNORES``); else None.
+    """The results in ``out_dir`` if that run completed with ``config`` (but ``REUSE_IGNORES`` and how it
+    executed, ``EXECUTION_KEYS``: its Ray, where it ran); else None.
 
     A completed run there with a different config is an error rather than a rerun: rerunning would
     overwrite hours of finished work because, say, a default changed since. The message names the
@@ -58,7 +62,8 @@ def finished_results(out_dir: str, config: dict[str, Any]) -> dict[str, Any] | N
     payload = json.loads(path.read_text())
     if not payload.get("complete"):
         return None
-    changes = [key for key in changed_keys(payload.get("config") or {}, config) if key not in REUSE_IGNORES]
+    changes = [key for key in changed_keys(payload.get("config") or {}, config, EXECUTION_KEYS)
+               if key not in REUSE_IGNORES]
     if changes:
         changed = ", ".join(changes[:8])
         raise ConfigError(f"{path} holds a finished run with another config (differs in: {changed}); "
@@ -128,11 +133,33 @@ class Ledger:
     shared: int = 0
 
 
-def run(overrides: list[str], reuse: bool = False, ledger: Ledger | None = None) -> dict[str, Any]:
-    """One simulation with these Hydra overrides. ``reuse``: return a finished run with the same
-    resolved config instead of running it again, and continue an unfinished one with the same config
-    from its latest checkpoint (so a long benchmark can be stopped and resumed, even mid-run).
-    ``ledger`` gets the run's ``Outcome``."""
+@dataclass(frozen=True)
+class Pending:
+    """A planned run that has to run (it did not finish before): its config and overrides as ``sim.run``
+    takes them, the checkpoint round it resumes from, and the run it takes stages 1-2 over from."""
+
+    cfg: DictConfig
+    overrides: list[str]
+    resumed_from: int | None
+    source: str | None
+
+    @property
+    def how(self) -> str:
+        """``resumed``, ``inherited`` or ``ran`` (``Outcome.how``)."""
+        return "resumed" if self.resumed_from is not None else "inherited" if self.source else "ran"
+
+    def record(self, payload: dict[str, Any], seconds: float, ledger: Ledger | None) -> dict[str, Any]:
+        """Note the run's outcome in ``ledger``; returns ``payload``."""
+        if ledger is not None:
+            stage2_round = parent_round(self.cfg.out_dir) if self.source else None
+            ledger.outcomes.append(Outcome(str(self.cfg.out_dir), self.how, seconds, payload, self.resumed_from,
+                                           self.source, stage2_round))
+        return payload
+
+
+def pending(overrides: list[str], reuse: bool = False, ledger: Ledger | None = None) -> Pending | dict[str, Any]:
+    """What a planned run needs: with ``reuse``, the results of the same run finished before (noted in
+    ``ledger``), or a ``Pending`` that resumes it from its latest checkpoint; else a ``Pending`` from round 0."""
     cfg, overrides = planned(overrides)
     resumed_from = None
     if reuse:
@@ -147,14 +174,20 @@ def run(overrides: list[str], reuse: bool = False, ledger: Ledger | None = None)
             print(f"resuming {cfg.out_dir} from round {resumed_from}", flush=True)
             cfg, overrides = planned([*overrides, "resume=true"])
     source = cfg.strategy.get("stages12_from") if resumed_from is None else None
+    return Pending(cfg, overrides, resumed_from, source)
+
+
+def run(overrides: list[str], reuse: bool = False, ledger: Ledger | None = None) -> dict[str, Any]:
+    """One simulation with these Hydra overrides, in this process. ``reuse``: return a finished run with
+    the same resolved config instead of running it again, and continue an unfinished one with the same
+    config from its latest checkpoint (so a long benchmark can be stopped and resumed, even mid-run).
+    ``ledger`` gets the run's ``Outcome``."""
+    job = pending(overrides, reuse, ledger)
+    if not isinstance(job, Pending):
+        return job
     start = time.perf_counter()
-    payload = sim.run(cfg, overrides)
-    seconds = time.perf_counter() - start
-    if ledger is not None:
-        how = "resumed" if resumed_from is not None else "inherited" if source else "ran"
-        stage2_round = parent_round(cfg.out_dir) if source else None
-        ledger.outcomes.append(Outcome(str(cfg.out_dir), how, seconds, payload, resumed_from, source, stage2_round))
-    return payload
+    payload = sim.run(job.cfg, job.overrides)
+    return job.record(payload, time.perf_counter() - start, ledger)
 
 
 def parent_round(out_dir: str) -> int | None:
@@ -232,28 +265,89 @@ def inheriting(overrides: list[str], source_overrides: list[str]) -> list[str]:
 
 
 def run_plan(plan: Mapping[Key, list[str]], order: list[Key], reuse: bool = False,
-             ledger: Ledger | None = None) -> dict[Key, dict[str, Any]]:
+             ledger: Ledger | None = None, launcher: Launcher | None = None) -> dict[Key, dict[str, Any]]:
     """Run (or reuse, or resume) the planned runs in ``order``, FedCorr runs that can share stages 1-2
-    taking them over from their group's source (run first, before the first run that needs it)."""
+    taking them over from their group's source (run first, before the first run that needs it).
+    A concurrent ``launcher`` (``--jobs N`` / ``--cluster``) runs them as separate processes, at most N
+    at once: first every run that needs no other, then the runs that take stages 1-2 over."""
     sources = stages12_groups({key: resolved_config(plan[key]) for key in order})
     if ledger is not None:
         ledger.shared += len(sources)
+    if launcher is not None and launcher.concurrent:
+        return run_waves(plan, order, sources, reuse, ledger, launcher)
     done: dict[Key, dict[str, Any]] = {}
 
     def obtain(key: Key) -> None:
         if key in done:
             return
-        overrides = plan[key]
         source = sources.get(key)
         if source is not None:
             obtain(source)
-            if not (reuse and finished(overrides) is not None):
-                overrides = inheriting(overrides, plan[source])
-        done[key] = run(overrides, reuse, ledger)
+        done[key] = run(own_overrides(plan, key, sources, reuse), reuse, ledger)
 
     for key in order:
         obtain(key)
     return {key: done[key] for key in order}
+
+
+def own_overrides(plan: Mapping[Key, list[str]], key: Key, sources: Mapping[Key, Key], reuse: bool) -> list[str]:
+    """A planned run's overrides, taking stages 1-2 over from its source's run (which has run) unless it
+    finished before and is reused."""
+    overrides = plan[key]
+    source = sources.get(key)
+    if source is None or (reuse and finished(overrides) is not None):
+        return overrides
+    return inheriting(overrides, plan[source])
+
+
+class RunsFailed(Exception):
+    """Runs of a concurrent benchmark that exited with an error (their output was echoed above)."""
+
+    def __init__(self, failed: list[tuple[str, int]]) -> None:
+        super().__init__(f"{len(failed)} run(s) failed")
+        self.failed = failed
+
+
+def run_waves(plan: Mapping[Key, list[str]], order: list[Key], sources: Mapping[Key, Key], reuse: bool,
+              ledger: Ledger | None, launcher: Launcher) -> dict[Key, dict[str, Any]]:
+    """``run_plan`` with a concurrent launcher: each run a ``sim.py`` process (as ``run`` would run it in
+    this one), the runs that need no other in a first wave, the ones taking stages 1-2 over in a second.
+    A failed run stops the benchmark after its wave (raises ``RunsFailed``); rerun with ``--reuse``."""
+    done: dict[Key, dict[str, Any]] = {}
+    for wave in ([key for key in order if key not in sources], [key for key in order if key in sources]):
+        waiting: dict[Key, Pending] = {}
+        for key in wave:
+            job = pending(own_overrides(plan, key, sources, reuse), reuse, ledger)
+            if isinstance(job, Pending):
+                waiting[key] = job
+            else:
+                done[key] = job
+        jobs = [Job(str(job.cfg.out_dir), launcher.sim_argv(job.overrides)) for job in waiting.values()]
+        failed = []
+        for (key, job), ended in zip(waiting.items(), launcher.run(jobs)):
+            if ended.ok:
+                done[key] = job.record(read_results(job.cfg.out_dir), ended.seconds, ledger)
+            else:
+                failed.append((str(job.cfg.out_dir), ended.returncode))
+        if failed:
+            raise RunsFailed(failed)
+    return {key: done[key] for key in order}
+
+
+def add_launch_arguments(parser: argparse.ArgumentParser) -> None:
+    """A benchmark's ``--jobs``, ``--cluster`` and ``--job-cpus`` (``launch.jobs.Launcher``)."""
+    parser.add_argument("--jobs", type=int, default=1,
+                        help="runs at once, each a separate process (default 1: one after another, in this process)")
+    parser.add_argument("--cluster", default=None, metavar="ADDRESS",
+                        help="run each run as a task on the Ray cluster at ADDRESS (auto or host:port; "
+                             "docs/cluster.md)")
+    parser.add_argument("--job-cpus", type=int, default=None, metavar="K",
+                        help="CPUs per run (default: this machine's cores / --jobs; 1 on a cluster)")
+
+
+def launcher_from(args: argparse.Namespace) -> Launcher:
+    """The launcher the benchmark's arguments ask for (checked: one ``error:`` line for a bad value)."""
+    return Launcher(jobs=args.jobs, cluster=args.cluster, job_cpus=args.job_cpus)
 
 
 def stages12_seconds(payload: dict[str, Any], stage2_round: int) -> float | None:
@@ -345,12 +439,22 @@ def print_time_saved(ledger: Ledger) -> None:
 
 
 def main_with_clear_errors(main: Callable[[], None]) -> None:
-    """Run a benchmark's ``main``; bad input is one line on stderr and exit status 2."""
+    """Run a benchmark's ``main``; bad input is one line on stderr and exit status 2, and each run that
+    failed in a concurrent benchmark one line and exit status 1."""
     try:
         main()
     except ConfigError as err:
         print(f"error: {err}", file=sys.stderr)
         sys.exit(2)
+    except KeyboardInterrupt:
+        print("\nstopped: the same command with --reuse continues each unfinished run from its last checkpoint",
+              file=sys.stderr)
+        sys.exit(130)
+    except RunsFailed as err:
+        for out_dir, status in err.failed:
+            print(f"error: the run of {out_dir} exited with status {status} (its lines above; --reuse resumes it)",
+                  file=sys.stderr)
+        sys.exit(1)
 
 
 def check_all(runs: list[list[str]], reuse: bool = False) -> None:

@@ -35,7 +35,16 @@ from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
-from runs import Ledger, check_all, finished, main_with_clear_errors, print_time_saved, run_plan
+from runs import (
+    Ledger,
+    add_launch_arguments,
+    check_all,
+    finished,
+    launcher_from,
+    main_with_clear_errors,
+    print_time_saved,
+    run_plan,
+)
 
 # Imported after runs, which puts the project root ahead of bench/ (whose data.py is not our package).
 from data.scene import SCENE_FILE, Scene  # noqa: E402
@@ -67,14 +76,16 @@ def main() -> None:
     parser.add_argument("--report", action="store_true",
                         help="run nothing: print the table of the runs finished so far ('-' for the others)")
     parser.add_argument("--outputs", default="outputs", help="the folder bench-strategies/ goes in")
+    add_launch_arguments(parser)
     parser.add_argument("overrides", nargs="*", default=[])
     args = parser.parse_args()
+    launcher = launcher_from(args)
     columns = [name for name in COLUMNS if name in (FIGURE4 if args.figure4 else args.methods)]
     plan = plan_cells(args.rhos, args.tau, args.budget, args.experiment, columns, args.overrides, args.outputs)
     check_all(list(plan.values()), args.reuse or args.report)
     ledger = Ledger()
     payloads = ({cell: finished(overrides) for cell, overrides in plan.items()} if args.report
-                else run_plan(plan, list(plan), args.reuse, ledger))
+                else run_plan(plan, list(plan), args.reuse, ledger, launcher))
     table: dict[str, dict[str, dict | None]] = {rho: {} for rho in args.rhos}
     for (rho, column), payload in payloads.items():
         table[rho][column] = payload

@@ -25,8 +25,8 @@ from data.local_file import read_local_file
 from data.scene import SCENE_FILE, Scene
 from data.sources.base import Dataset
 from data.transforms import BatchTransform
-from settings.compose import RUN_CONFIG_KEY, compose_from_run_config
-from settings.run import RunSettings, run_settings
+from settings.compose import RUN_CONFIG_KEY, WORKDIR_KEY, compose_from_run_config
+from settings.run import RunSettings, anchored, run_settings
 from task.build import model_for, model_for_state, transforms_for
 from task.device import resolve_device
 
@@ -75,8 +75,9 @@ def _scene(out_dir: str) -> Scene:
 
 
 @functools.lru_cache(maxsize=8)
-def _settings(overrides: str) -> RunSettings:
-    return run_settings(compose_from_run_config({RUN_CONFIG_KEY: overrides}))
+def _settings(overrides: str, workdir: str = "") -> RunSettings:
+    settings = run_settings(compose_from_run_config({RUN_CONFIG_KEY: overrides}))
+    return anchored(settings, workdir) if workdir else settings
 
 
 def _node(settings: RunSettings, dataset: Dataset, data: ClientData, partition_id: int) -> LocalNode:
@@ -86,8 +87,8 @@ def _node(settings: RunSettings, dataset: Dataset, data: ClientData, partition_i
 
 
 @functools.lru_cache(maxsize=256)
-def _load_partition(overrides: str, partition_id: int) -> LocalNode:
-    settings = _settings(overrides)
+def _load_partition(overrides: str, partition_id: int, workdir: str) -> LocalNode:
+    settings = _settings(overrides, workdir)
     torch.set_num_threads(settings.client.num_threads)
     dataset = settings.scene.dataset.load()
     return _node(settings, dataset, client_data(_scene(settings.out_dir), dataset, partition_id), partition_id)
@@ -122,7 +123,8 @@ def load_node(context: Context) -> LocalNode:
             )
         return node
     if PARTITION_ID_KEY in node_config:
-        return _load_partition(overrides, int(node_config[PARTITION_ID_KEY]))
+        return _load_partition(overrides, int(node_config[PARTITION_ID_KEY]),
+                               str(context.run_config.get(WORKDIR_KEY, "")))
     raise ConfigError(
         f"node_config has neither {DATA_PATH_KEY!r} nor {PARTITION_ID_KEY!r} (got {dict(node_config)}); start a "
         f"deployed SuperNode with --node-config '{DATA_PATH_KEY}=\"/path/to/client_K.npz\"' (its local data "

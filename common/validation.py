@@ -8,7 +8,7 @@ the manner of scikit-learn's parameter constraints; ``Checked.check`` adds what 
 fields. ``from_mapping`` builds such a class from a config block and names a bad value by its full
 config key. Every refusal is one ``InvalidValue``, whose message ``<key>=<value> is invalid:
 <allowed>`` is formatted in ``common.errors`` from the constraint's ``allowed()``; a constraint's
-``invalid()`` gives, for tests, values it refuses.
+``invalid()`` gives, for tests, values it refuses. A constraint of its own subclasses ``Declared``.
 """
 
 from __future__ import annotations
@@ -61,7 +61,7 @@ def _finite(value: int | float) -> bool:
         return False
 
 
-class _Declared:
+class Declared:
     """What the constraints share: None passes where ``or_none`` allows it, anything else must be
     admitted, and a refusal says what the constraint allows."""
 
@@ -93,7 +93,7 @@ Closed = Literal["both", "left", "right", "neither"]
 
 
 @dataclass(frozen=True)
-class Interval(_Declared):
+class Interval(Declared):
     """A number between ``low`` and ``high`` (None: unbounded above).
 
     kind: ``int`` (an integer; bools are not) or ``float`` (an int or a float).
@@ -152,7 +152,7 @@ class Interval(_Declared):
 
 
 @dataclass(frozen=True)
-class Options(_Declared):
+class Options(Declared):
     """One of a fixed set of names."""
 
     values: tuple[str, ...]
@@ -172,7 +172,7 @@ class Options(_Declared):
 
 
 @dataclass(frozen=True)
-class Flag(_Declared):
+class Flag(Declared):
     """true or false."""
 
     or_none: bool = False
@@ -191,7 +191,7 @@ class Flag(_Declared):
 
 
 @dataclass(frozen=True)
-class FolderPath(_Declared):
+class FolderPath(Declared):
     """A non-empty path string (``~`` is expanded where it is used)."""
 
     or_none: bool = False

@@ -53,6 +53,7 @@ def check_server_extras(settings: RunSettings) -> None:
 
 
 EXECUTION_KEYS = frozenset({"resume", "logging", "simulation.verbose", "simulation.ray_init_args",
+                            "simulation.ray_address",
                             "server.round_timeout", "server.node_wait_timeout"})
 """Keys that change how a run executes, not what it computes: a resumed run may change them."""
 BOOKKEEPING_KEYS = frozenset({"out_dir", "comm_budget", "server.checkpoint_every", "server.keep_checkpoints"})

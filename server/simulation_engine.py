@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import inspect
+import os
 import secrets
-import socket
+import sys
 import tempfile
 import warnings
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -29,39 +30,14 @@ _RUN_CONFIG_TYPES = (bool, int, float, str)
 def check_ray_init_args(args: Mapping[str, Any]) -> None:
     """Every key of ``simulation.ray_init_args`` must be a named argument of ``ray.init`` (anything else
     goes to its ``**kwargs``, Ray's internal options, where an unknown key fails only after several
-    tracebacks and leaves the runtime waiting), and a cluster ``address`` must answer. Their values
-    are checked with the settings (``settings.run.SimulationSettings``)."""
+    tracebacks and leaves the runtime waiting). Their values are checked with the settings
+    (``settings.run.SimulationSettings``)."""
     named = [name for name, parameter in inspect.signature(ray.init).parameters.items()
              if parameter.kind is not inspect.Parameter.VAR_KEYWORD]
     for key, value in args.items():
         if key not in named:
             raise InvalidValue(f"simulation.ray_init_args.{key}", value,
                                f"not an argument of ray.init; allowed are {', '.join(named)}")
-    check_ray_address(args.get("address"))
-
-
-# How long a Ray cluster given by ``address`` may take to accept a connection before the run is refused.
-ADDRESS_TIMEOUT_S = 5.0
-
-
-def check_ray_address(address: object) -> None:
-    """A ``host:port`` (or ``ray://host:port``) cluster address must accept a TCP connection: Ray itself
-    retries an unreachable one for ever, ignoring SIGTERM. ``auto`` / ``local`` / None start or find a
-    local Ray, as ray.init does."""
-    if address is None or address in ("auto", "local"):
-        return
-    key = "simulation.ray_init_args.address"
-    if not isinstance(address, str):
-        raise InvalidValue(key, address, "allowed are auto, local, host:port or ray://host:port")
-    host, _, port = address.removeprefix("ray://").rpartition(":")
-    if not host or not port.isdigit():
-        raise InvalidValue(key, address, "allowed are auto, local, host:port or ray://host:port")
-    try:
-        with socket.create_connection((host, int(port)), timeout=ADDRESS_TIMEOUT_S):
-            pass
-    except OSError as err:
-        raise InvalidValue(key, address, f"a Ray cluster that answers; nothing accepted a connection there within "
-                                         f"{ADDRESS_TIMEOUT_S:.0f} s ({err.strerror or err})") from None
 
 
 def run_simulation_engine(
@@ -71,6 +47,7 @@ def run_simulation_engine(
     num_supernodes: int,
     run_config: RunConfig,
     simulation: SimulationSettings,
+    check_nodes: Callable[[str], None] | None = None,
 ) -> None:
     """Run ``server_app`` against ``num_supernodes`` virtual SuperNodes and return when it finishes.
 
@@ -97,6 +74,11 @@ def run_simulation_engine(
         runs on until its own waits time out, which is why resources that cannot fit one actor are
         refused up front.
 
+    ``simulation.ray_address`` None starts a Ray of the run's own on this machine, even where a cluster
+    runs here (``address="local"``: Ray would otherwise join it). An address joins that cluster: the
+    clients' actors are spread over its nodes, and ``check_nodes(address)`` runs once joined, before
+    the first round (``server.cluster.check_nodes``: every node reads the data and the scene).
+
     Ray is started with ``simulation.ray_init_args`` over quiet defaults (no dashboard, Ray logs at ERROR and
     actor output hidden unless ``verbose``) and is shut down on return, also after an error. If Ray
     is already running, Flower reuses it, so ``ray_init_args`` do not apply, and still shuts it down.
@@ -104,6 +86,7 @@ def run_simulation_engine(
     check_ray_init_args(simulation.ray_init_args)
     verbose = simulation.verbose
     init_args = {
+        "address": simulation.ray_address or "local",
         "include_dashboard": False,
         "logging_level": "INFO" if verbose else "ERROR",
         "log_to_driver": verbose,
@@ -116,6 +99,12 @@ def run_simulation_engine(
         "init_args": init_args,
     }
     try:
+        if simulation.ray_address is not None:
+            # Joined here rather than by Flower, so the nodes are checked before the first round; the
+            # workers get this process's import path, as Flower gives them when it starts Ray itself.
+            ray.init(runtime_env={"env_vars": {"PYTHONPATH": os.pathsep.join(sys.path)}}, **init_args)
+            if check_nodes is not None:
+                check_nodes(simulation.ray_address)
         with warnings.catch_warnings():
             # Ray's advice about a future change of CUDA_VISIBLE_DEVICES for num_gpus=0 actors;
             # the current behaviour (actors without GPUs see none) is the one we want.

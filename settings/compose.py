@@ -75,6 +75,9 @@ def compose_config(overrides: Sequence[str] = ()) -> DictConfig:
 
 
 RUN_CONFIG_KEY = "overrides"
+WORKDIR_KEY = "workdir"
+"""Run config key (simulation only): the folder a relative ``out_dir`` is relative to. A client on
+another node of a Ray cluster starts in that node's own folder."""
 
 
 @functools.lru_cache(maxsize=8)

@@ -8,13 +8,15 @@ on top (``server.config``); the ClientApp needs only these.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
+import socket
+from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import Any
 
 from omegaconf import DictConfig
 
 from common.errors import ConfigError, InvalidValue
-from common.validation import Checked, Flag, Interval, Options, from_mapping, option
+from common.validation import Checked, Declared, Flag, Interval, Options, from_mapping, option
 from data.scene import SEED, SceneSpec
 from data.transforms import TransformPair, TransformSpec
 from models import ModelSpec
@@ -27,7 +29,8 @@ ON_CLIENT_ERROR = ("fail", "skip")
 class ServerSettings(Checked):
     """How the ServerApp runs (``server`` in the config)."""
 
-    eval_every: int = option(Interval(int, 1), "evaluate the global model every k rounds (and after the last)")
+    eval_every: int = option(Interval(int, 1), "evaluate the global model every k rounds (and after each "
+                                               "stage's last round and the run's last)")
     eval_batch_size: int = option(Interval(int, 1), "the batch size of that evaluation")
     node_wait_timeout: float = option(Interval(float, 0.0, closed="neither"),
                                       "seconds to wait for all num_clients nodes to connect")
@@ -61,9 +64,53 @@ OBJECT_STORE_MINIMUM_BYTES = 78_643_200
 
 
 @dataclass(frozen=True)
+class RayAddress(Declared):
+    """Where a simulation's Ray runs: ``auto`` (the cluster Ray finds: ``RAY_ADDRESS``, or the one
+    ``ray start`` began on this machine), ``host:port`` or ``ray://host:port``; None: a Ray of its own."""
+
+    or_none: bool = True
+
+    def allowed(self) -> str:
+        """``allowed are null, auto, host:port or ray://host:port``."""
+        return "allowed are null (a local Ray of the run's own), auto, host:port or ray://host:port"
+
+    def admits(self, value: Any) -> bool:
+        """``auto``, or a host and a numeric port."""
+        if value == "auto":
+            return True
+        host, _, port = str(value).removeprefix("ray://").rpartition(":") if isinstance(value, str) else ("", "", "")
+        return bool(host) and port.isdigit()
+
+    def refused(self) -> list[Any]:
+        """A port without a host, a host without a port, and a number."""
+        return [":6379", "localhost", 6379]
+
+
+# How long a Ray cluster given by ``address`` may take to accept a connection before the run is refused.
+ADDRESS_TIMEOUT_S = 5.0
+
+
+def check_ray_address(key: str, address: str | None) -> None:
+    """A ``host:port`` (or ``ray://host:port``) cluster address (its form checked with the settings)
+    must accept a TCP connection: Ray itself retries an unreachable one for ever, ignoring SIGTERM.
+    ``auto`` and None find or start a Ray as ray.init does."""
+    if address is None or address == "auto":
+        return
+    host, _, port = address.removeprefix("ray://").rpartition(":")
+    try:
+        with socket.create_connection((host, int(port)), timeout=ADDRESS_TIMEOUT_S):
+            pass
+    except OSError as err:
+        raise InvalidValue(key, address, f"a Ray cluster that answers; nothing accepted a connection there within "
+                                         f"{ADDRESS_TIMEOUT_S:.0f} s ({err.strerror or err})") from None
+
+
+@dataclass(frozen=True)
 class SimulationSettings(Checked):
     """Flower's simulation engine on Ray (``simulation`` in the config)."""
 
+    ray_address: str | None = option(RayAddress(), "null: start a Ray of the run's own | auto | host:port: "
+                                                   "join that Ray cluster, whose nodes run the clients")
     num_cpus_per_client: float = option(Interval(float, 0.0, closed="neither"),
                                         "Ray CPUs per simulated client (at most what Ray has)")
     num_gpus_per_client: float = option(Interval(float, 0.0), "Ray GPUs per client; fractions share one GPU")
@@ -74,6 +121,9 @@ class SimulationSettings(Checked):
         """The ``ray.init`` arguments Ray would refuse only once it runs, and resources that fit."""
         if not isinstance(self.ray_init_args, dict):
             raise InvalidValue("ray_init_args", self.ray_init_args, "allowed is a mapping of ray.init arguments")
+        if "address" in self.ray_init_args:
+            raise InvalidValue("ray_init_args.address", self.ray_init_args["address"],
+                               "set simulation.ray_address instead (null, auto or host:port)")
         # The values Ray would refuse only once its runtime has started. The keys' names (against
         # ray.init itself) and a cluster address are checked where Ray is imported
         # (server.simulation_engine.check_ray_init_args).
@@ -86,6 +136,8 @@ class SimulationSettings(Checked):
                 for amount in resources.values()):
             raise InvalidValue("ray_init_args.resources", resources,
                                "allowed is a mapping of resource names to amounts >= 0")
+        if self.ray_address is not None:
+            return  # a cluster's nodes, not this machine, hold the resources (checked once joined)
         # Asking for more than Ray has leaves the actor pool empty: Flower then fails only after the
         # ServerApp has started, and nothing can stop it waiting for replies.
         num_cpus = self.ray_init_args.get("num_cpus", os.cpu_count() or 1)
@@ -117,6 +169,23 @@ class RunSettings(Checked):
     client: ClientSettings = option(meaning="how a client node computes")
     simulation: SimulationSettings = option(meaning="Flower's simulation engine on Ray")
     resolved: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
+
+
+def _anchor(path: str | None, folder: str) -> str | None:
+    if path is None or Path(path).expanduser().is_absolute():
+        return path
+    return str(Path(folder) / path)
+
+
+def anchored(settings: RunSettings, folder: str) -> RunSettings:
+    """``settings`` with its relative paths (out_dir, the dataset's root and cache) taken relative to
+    ``folder`` rather than this process's working folder: a simulated client that Ray starts on
+    another node of a cluster begins in that node's own folder."""
+    dataset = settings.scene.dataset
+    dataset = replace(dataset, root=_anchor(dataset.root, folder), cache_dir=_anchor(dataset.cache_dir, folder))
+    out = _anchor(settings.out_dir, folder)
+    assert out is not None
+    return replace(settings, out_dir=out, scene=replace(settings.scene, dataset=dataset))
 
 
 def _transforms(cfg: dict[str, Any]) -> TransformPair:

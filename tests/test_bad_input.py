@@ -72,7 +72,8 @@ SIM_CASES = [
     ("+simulation.ray_init_args.num_cpus=abc", "simulation.ray_init_args.num_cpus='abc'"),
     ("+simulation.ray_init_args.object_store_memory=1", "simulation.ray_init_args.object_store_memory=1"),
     ("+simulation.ray_init_args.address=127.0.0.1:1", "simulation.ray_init_args.address='127.0.0.1:1'"),
-    ("+simulation.ray_init_args.address=nowhere", "simulation.ray_init_args.address='nowhere'"),
+    ("simulation.ray_address=127.0.0.1:1", "simulation.ray_address='127.0.0.1:1'"),
+    ("simulation.ray_address=nowhere", "simulation.ray_address='nowhere'"),
     ("out_dir=", "out_dir=''"),
     ("out_dir=/proc/no-such-run", "out_dir='/proc/no-such-run'"),
     # the scene
@@ -196,11 +197,11 @@ def test_a_valid_command_line_passes_every_check_and_still_writes_nothing(empty_
 def test_a_ray_address_passes_when_something_answers_there():
     import socket
 
-    from server.simulation_engine import check_ray_address
+    from settings.run import check_ray_address
 
     with socket.create_server(("127.0.0.1", 0)) as server:
         port = server.getsockname()[1]
-        check_ray_address(f"127.0.0.1:{port}")
-        check_ray_address(f"ray://127.0.0.1:{port}")
-    for local in (None, "auto", "local"):
-        check_ray_address(local)
+        check_ray_address("simulation.ray_address", f"127.0.0.1:{port}")
+        check_ray_address("simulation.ray_address", f"ray://127.0.0.1:{port}")
+    for local in (None, "auto"):
+        check_ray_address("simulation.ray_address", local)

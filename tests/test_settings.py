@@ -62,7 +62,17 @@ def test_every_bad_value_is_named_by_its_config_key(override, message):
 def test_ray_resources_that_cannot_fit_are_refused_before_ray_could_start(values, message):
     with pytest.raises(ConfigError, match=message):
         SimulationSettings(**{"num_cpus_per_client": 1.0, "num_gpus_per_client": 0.0, "ray_init_args": {},
-                              "verbose": False, **values})
+                              "verbose": False, "ray_address": None, **values})
+
+
+def test_a_cluster_may_hold_more_cpus_than_this_machine():
+    # Its nodes, not this machine, hold the resources: a client may ask for more cores than are here.
+    many = SimulationSettings(num_cpus_per_client=4096.0, num_gpus_per_client=0.0, ray_init_args={}, verbose=False,
+                              ray_address="10.0.0.1:6379")
+    assert many.num_cpus_per_client == 4096.0
+    with pytest.raises(ConfigError, match=r"num_cpus_per_client=4096.0 is invalid"):
+        SimulationSettings(num_cpus_per_client=4096.0, num_gpus_per_client=0.0, ray_init_args={}, verbose=False,
+                           ray_address=None)
 
 
 def test_the_strategy_block_is_checked_by_the_server_side_only():

@@ -1,0 +1,1 @@
+"""Running many runs at once: local processes, or tasks on a Ray cluster (``launch.jobs``)."""

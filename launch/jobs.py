@@ -1,0 +1,270 @@
+"""Run independent runs at the same time: as processes on this machine, or as tasks on a Ray cluster.
+
+A job is one command that writes only to its own folder (``python sim.py <overrides>``), so jobs need
+nothing from each other while they run and their results are those of the same commands run one
+after another (a run's every random choice flows from its seed, not from where or when it runs).
+
+``Launcher(jobs=N)`` runs at most N jobs at once as child processes, each with its own share of this
+machine's cores. ``Launcher(jobs=N, cluster=ADDRESS)`` submits each job as a Ray task that reserves
+``job_cpus`` CPUs on some node of the cluster at ADDRESS; the task runs the command on that node,
+where the run starts a Ray of its own sized to the reservation. A run never spreads its clients over
+the cluster's nodes here: Flower sizes a run's actor pool by the cluster's total resources, so two runs
+joining one cluster would each wait for actors the other holds. Every node must see the project, the
+data and the outputs at the same paths (docs/cluster.md).
+
+Each line a job prints is echoed with the job's name in front. The first Ctrl-C stops every job (a
+SIGINT to its process group, then SIGKILL after ``STOP_GRACE_S``), and a run stopped mid-way resumes
+from its checkpoint later.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TextIO
+
+from common.errors import InvalidValue
+from settings.run import RayAddress, check_ray_address
+
+# How long a stopped job may take to shut its own Ray down before it is killed.
+STOP_GRACE_S = 20.0
+# The key a job's own Ray takes its CPUs from (``sim.py`` passes it to ray.init).
+RAY_CPUS_KEY = "simulation.ray_init_args.num_cpus"
+RAY_ADDRESS_KEY = "simulation.ray_address"
+
+
+@dataclass(frozen=True)
+class Job:
+    """One command to run; ``name`` goes in front of each line it prints."""
+
+    name: str
+    argv: tuple[str, ...]
+    cwd: str = field(default_factory=os.getcwd)  # absolute: a cluster node runs it from the same path
+
+
+@dataclass(frozen=True)
+class Finished:
+    """How a job ended: its exit status and its wall time (launch to exit)."""
+
+    job: Job
+    returncode: int
+    seconds: float
+
+    @property
+    def ok(self) -> bool:
+        """Whether the command exited with status 0."""
+        return self.returncode == 0
+
+
+@dataclass(frozen=True)
+class Launcher:
+    """Where and how many jobs run at once.
+
+    jobs: at most this many at once (1: one after another).
+    cluster: None, or the address of a Ray cluster (``auto``, ``host:port``) whose nodes run the jobs.
+    job_cpus: CPUs each job reserves and its own Ray gets; None: this machine's cores shared by
+        ``jobs`` (at least 1), or 1 on a cluster.
+    """
+
+    jobs: int = 1
+    cluster: str | None = None
+    job_cpus: int | None = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.jobs, int) or isinstance(self.jobs, bool) or self.jobs < 1:
+            raise InvalidValue("--jobs", self.jobs, "allowed is an integer >= 1")
+        if self.job_cpus is not None and (not isinstance(self.job_cpus, int) or self.job_cpus < 1):
+            raise InvalidValue("--job-cpus", self.job_cpus, "allowed is an integer >= 1")
+        if self.cluster is not None:
+            RayAddress(or_none=False).check("--cluster", self.cluster)
+            check_ray_address("--cluster", self.cluster)
+
+    @property
+    def concurrent(self) -> bool:
+        """Whether jobs run as separate processes (several at once, or on a cluster)."""
+        return self.jobs > 1 or self.cluster is not None
+
+    def cpus(self) -> int:
+        """The CPUs of each job's own Ray."""
+        if self.job_cpus is not None:
+            return self.job_cpus
+        if self.cluster is not None:
+            return 1
+        return max(1, (os.cpu_count() or 1) // self.jobs)
+
+    def sim_argv(self, overrides: Sequence[str]) -> tuple[str, ...]:
+        """The ``sim.py`` command of a run with these overrides, its Ray sized to ``cpus()`` unless the
+        overrides size it, and on a cluster never joining the cluster itself."""
+        keys = {word.lstrip("+~").split("=", 1)[0] for word in overrides}
+        extra = [] if RAY_CPUS_KEY in keys else [f"++{RAY_CPUS_KEY}={self.cpus()}"]
+        if self.cluster is not None:
+            extra.append(f"{RAY_ADDRESS_KEY}=null")
+        return (sys.executable, str(Path(__file__).resolve().parents[1] / "sim.py"), *overrides, *extra)
+
+    def run(self, jobs: Sequence[Job], done: Callable[[Finished], None] | None = None,
+            stream: TextIO | None = None) -> list[Finished]:
+        """Run ``jobs`` (at most ``self.jobs`` at once) and return how each ended, in ``jobs``' order;
+        ``done`` is called as each one ends. Lines go to ``stream`` (stdout), each with its job's name."""
+        out = stream if stream is not None else sys.stdout
+        if self.cluster is not None:
+            return _ClusterRun(self, out).run(jobs, done)
+        return _LocalRun(self, out).run(jobs, done)
+
+
+def _echo(name: str, lines: Any, stream: TextIO, lock: threading.Lock,
+          quiet: threading.Event | None = None) -> None:
+    """Print every line of ``lines`` with ``[name]`` in front (one lock: lines of two jobs never mix),
+    but none once ``quiet`` is set (the jobs are being stopped: their tracebacks say nothing new)."""
+    for line in lines:
+        if quiet is not None and quiet.is_set():
+            continue
+        with lock:
+            stream.write(f"[{name}] {line.rstrip()}\n")
+            stream.flush()
+
+
+class _LocalRun:
+    """Jobs as child processes of this one, each in its own process group."""
+
+    def __init__(self, launcher: Launcher, stream: TextIO) -> None:
+        self.launcher = launcher
+        self.stream = stream
+        self.lock = threading.Lock()
+        self.running: dict[int, subprocess.Popen[str]] = {}
+        self.stopping = threading.Event()
+
+    def one(self, job: Job) -> Finished:
+        """Run one job to its end."""
+        start = time.perf_counter()
+        with self.lock:
+            self.stream.write(f"[{job.name}] starting: {' '.join(job.argv[1:])}\n")
+            self.stream.flush()
+        process = subprocess.Popen(job.argv, cwd=job.cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                   text=True, start_new_session=True)
+        self.running[process.pid] = process
+        try:
+            assert process.stdout is not None
+            _echo(job.name, process.stdout, self.stream, self.lock, self.stopping)
+            returncode = process.wait()
+        finally:
+            self.running.pop(process.pid, None)
+        return Finished(job, returncode, time.perf_counter() - start)
+
+    def stop(self) -> None:
+        """Stop every running job: SIGINT to its group, SIGKILL to what is left after the grace."""
+        self.stopping.set()
+        for process in list(self.running.values()):
+            _signal_group(process.pid, signal.SIGINT)
+        deadline = time.monotonic() + STOP_GRACE_S
+        for process in list(self.running.values()):
+            try:
+                process.wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                pass
+            _signal_group(process.pid, signal.SIGKILL)
+
+    def run(self, jobs: Sequence[Job], done: Callable[[Finished], None] | None) -> list[Finished]:
+        """Run the jobs in a pool of ``launcher.jobs`` threads, each waiting on one child."""
+        results: dict[int, Finished] = {}
+        with ThreadPoolExecutor(max_workers=self.launcher.jobs) as pool:
+            futures: dict[Future[Finished], int] = {pool.submit(self.one, job): k for k, job in enumerate(jobs)}
+            pending = set(futures)
+            try:
+                while pending:
+                    finished, pending = wait(pending, return_when=FIRST_COMPLETED)
+                    for future in finished:
+                        results[futures[future]] = future.result()
+                        if done is not None:
+                            done(results[futures[future]])
+            except BaseException:
+                for future in pending:
+                    future.cancel()
+                self.stop()
+                raise
+        return [results[k] for k in range(len(jobs))]
+
+
+def _signal_group(pid: int, sig: signal.Signals) -> None:
+    try:
+        os.killpg(pid, sig)
+    except ProcessLookupError:
+        pass
+
+
+def _clean_environment() -> dict[str, str]:
+    """The environment of this process without Ray's own variables: a job's command starts a Ray of its
+    own, which must not take itself for a worker of the cluster the task runs on."""
+    return {key: value for key, value in os.environ.items() if not key.startswith("RAY_")}
+
+
+def _run_on_node(job: Job) -> tuple[int, float, str]:
+    """A cluster task's body: run the job's command on this node, echo its lines (Ray forwards them to
+    the launcher), and return its exit status, its seconds and the node's address."""
+    import ray
+
+    start = time.perf_counter()
+    process = subprocess.Popen(job.argv, cwd=job.cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                               env=_clean_environment(), start_new_session=True)
+    assert process.stdout is not None
+    try:
+        _echo(job.name, process.stdout, sys.stdout, threading.Lock())
+        returncode = process.wait()
+    except BaseException:  # ray.cancel: stop the run as a Ctrl-C would, so its own Ray shuts down
+        _signal_group(process.pid, signal.SIGINT)
+        try:
+            process.wait(timeout=STOP_GRACE_S)
+        except subprocess.TimeoutExpired:
+            _signal_group(process.pid, signal.SIGKILL)
+        raise
+    node = f"{ray.util.get_node_ip_address()} ({ray.get_runtime_context().get_node_id()[:8]})"
+    return returncode, time.perf_counter() - start, node
+
+
+class _ClusterRun:
+    """Jobs as Ray tasks on a cluster, each reserving ``launcher.cpus()`` CPUs on the node it runs on."""
+
+    def __init__(self, launcher: Launcher, stream: TextIO) -> None:
+        self.launcher = launcher
+        self.stream = stream
+
+    def run(self, jobs: Sequence[Job], done: Callable[[Finished], None] | None) -> list[Finished]:
+        """Submit at most ``launcher.jobs`` tasks at a time; collect each as it ends."""
+        import ray
+
+        # Every line of every job reaches this process as printed: not folded into "repeated 5x" by Ray.
+        os.environ.setdefault("RAY_DEDUP_LOGS", "0")
+        os.environ.setdefault("RAY_COLOR_PREFIX", "0")
+        ray.init(address=self.launcher.cluster, include_dashboard=False, logging_level=logging.ERROR,
+                 log_to_driver=True)
+        task = ray.remote(num_cpus=self.launcher.cpus(), max_retries=0)(_run_on_node)
+        results: dict[int, Finished] = {}
+        queue = list(enumerate(jobs))
+        running: dict[Any, int] = {}
+        try:
+            while queue or running:
+                while queue and len(running) < self.launcher.jobs:
+                    k, job = queue.pop(0)
+                    self.stream.write(f"[{job.name}] submitted to the cluster: {' '.join(job.argv[1:])}\n")
+                    self.stream.flush()
+                    running[task.remote(job)] = k
+                ready, _ = ray.wait(list(running), num_returns=1)
+                k = running.pop(ready[0])
+                returncode, seconds, node = ray.get(ready[0])
+                self.stream.write(f"[{jobs[k].name}] ended with status {returncode} on node {node}\n")
+                results[k] = Finished(jobs[k], returncode, seconds)
+                if done is not None:
+                    done(results[k])
+        finally:
+            for ref in running:
+                ray.cancel(ref)
+            ray.shutdown()
+        return [results[k] for k in range(len(jobs))]
