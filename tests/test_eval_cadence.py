@@ -37,15 +37,16 @@ def evaluated(strategy: FedAvg | FedCorr, eval_every: int = 1) -> list[int]:
     return [r for r in range(1, strategy.planned_rounds() + 1) if schedule.due(r)]
 
 
-def test_the_default_evaluates_stage_1_at_each_iterations_end_and_every_later_round():
+def test_the_default_evaluates_every_round_as_the_paper_does():
     strategy = fedcorr()
-    assert strategy.settings.stage1_eval == "iteration", "conf/strategy/fedcorr.yaml's default"
+    assert strategy.settings.stage1_eval == "round", "conf/strategy/fedcorr.yaml's default"
+    assert evaluated(strategy) == list(range(1, 41))
+
+
+def test_iteration_evaluates_stage_1_at_each_iterations_end_and_every_later_round():
+    strategy = fedcorr("strategy.stage1_eval=iteration")
     assert strategy.planned_rounds() == 40 and strategy.stage_ends() == [30, 35]
     assert evaluated(strategy) == [10, 20, 30, *range(31, 41)]
-
-
-def test_round_evaluates_every_stage_1_round():
-    assert evaluated(fedcorr("strategy.stage1_eval=round")) == list(range(1, 41))
 
 
 @pytest.mark.parametrize("cadence", ["round", "iteration"])
@@ -59,7 +60,7 @@ def test_stage_ends_and_the_last_round_are_evaluated_whatever_eval_every_says(ca
 
 def test_iterations_of_several_rounds_skip_all_but_their_last():
     # Without fraction scheduling stage 1 visits frac2 N = 3 clients per round: 4 rounds per iteration.
-    strategy = fedcorr("strategy.ablation.fraction_scheduling=false")
+    strategy = fedcorr("strategy.ablation.fraction_scheduling=false", "strategy.stage1_eval=iteration")
     assert strategy.stage_ends()[0] == 12
     assert evaluated(strategy)[:4] == [4, 8, 12, 13]
 
@@ -82,7 +83,7 @@ FEDCORR_RUN = "experiment=smoke strategy=fedcorr strategy.train.epochs=1 strateg
 
 def test_skipped_evaluations_leave_results_json_and_every_evaluated_round_as_they_were(run_inprocess, tmp_path):
     every, _ = run_inprocess(f"{FEDCORR_RUN} strategy.stage1_eval=round out_dir={tmp_path / 'every'}")
-    sparse, _ = run_inprocess(f"{FEDCORR_RUN} out_dir={tmp_path / 'sparse'}")
+    sparse, _ = run_inprocess(f"{FEDCORR_RUN} strategy.stage1_eval=iteration out_dir={tmp_path / 'sparse'}")
     due = {10, 20, 21, 22, 23, 24}  # iteration ends (stage 1 ends at 20), then stages 2 and 3
     assert [row["round"] for row in sparse["rounds"] if row["test_acc"] is not None] == sorted(due)
     assert all(row["test_loss"] is None for row in sparse["rounds"] if row["round"] not in due)
