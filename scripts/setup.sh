@@ -25,9 +25,9 @@ stamp=".venv/.installed-$(sha256sum pyproject.toml | cut -c1-16)"
 if [ ! -f "$stamp" ]; then
     echo "[setup] installing the project and its dependencies into .venv (first run: a few minutes)"
     .venv/bin/python -m pip install --quiet --disable-pip-version-check --upgrade pip
-    # --no-compile: pip would byte-compile all ~15,000 Python files of the environment (torch, Ray, ...:
-    # ~35 s of CPU); Python compiles the modules a process imports on first import instead.
-    .venv/bin/python -m pip install --quiet --disable-pip-version-check --no-compile -e ".[test]"
+    # pip byte-compiles the environment (~35 s of CPU): where PYTHONDONTWRITEBYTECODE is set, as on
+    # this machine, Python would otherwise compile torch, Ray and Flower again in every process.
+    .venv/bin/python -m pip install --quiet --disable-pip-version-check -e ".[test]"
     rm -f .venv/.installed-*
     touch "$stamp"
 fi
