@@ -238,18 +238,16 @@ def run_concurrently(jobs: list[tuple[list[str], RunPlan]], argv: list[str], lau
     process of its own, as a serial multirun would run it; list each finished run in the sweep folder
     for report.py. Returns the exit status: 0 when every job succeeded, else 1 after one line per
     failed job."""
-    folders: dict[str, list[str]] = {}
-    for job_words, plan in jobs:
-        folders.setdefault(str(Path(plan.settings.out_dir).resolve()), []).append(" ".join(job_words))
-    for folder, which in folders.items():
-        if len(which) > 1:
-            raise InvalidValue("--jobs", launcher.jobs, f"jobs that write to different folders; {len(which)} jobs "
-                                                        f"would write to {folder} at once (set out_dir per job)")
-    sweep = sweep_folder(split_command_line(argv).overrides)
-    sweep.mkdir(parents=True, exist_ok=True)
     words = [job_words for job_words, _ in jobs]
     names = job_names(words)
     out_dirs = {name: str(Path(plan.settings.out_dir).resolve()) for name, (_, plan) in zip(names, jobs)}
+    for folder in set(out_dirs.values()):
+        sharing = list(out_dirs.values()).count(folder)
+        if sharing > 1:
+            raise InvalidValue("--jobs", launcher.jobs, f"jobs that write to different folders; {sharing} jobs "
+                                                        f"would write to {folder} at once (set out_dir per job)")
+    sweep = sweep_folder(split_command_line(argv).overrides)
+    sweep.mkdir(parents=True, exist_ok=True)
 
     def listed(finished: Finished) -> None:
         if finished.ok:
