@@ -148,8 +148,7 @@ class _LocalRun:
         with self.lock:
             self.stream.write(f"[{job.name}] starting: {' '.join(job.argv[1:])}\n")
             self.stream.flush()
-        process = subprocess.Popen(job.argv, cwd=job.cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                   text=True, start_new_session=True)
+        process = _start(job)
         self.running[process.pid] = process
         try:
             assert process.stdout is not None
@@ -160,17 +159,9 @@ class _LocalRun:
         return Finished(job, returncode, time.perf_counter() - start)
 
     def stop(self) -> None:
-        """Stop every running job: SIGINT to its group, SIGKILL to what is left after the grace."""
+        """Stop every running job (``_stop_all``), and echo none of their lines from now on."""
         self.stopping.set()
-        for process in list(self.running.values()):
-            _signal_group(process.pid, signal.SIGINT)
-        deadline = time.monotonic() + STOP_GRACE_S
-        for process in list(self.running.values()):
-            try:
-                process.wait(timeout=max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                pass
-            _signal_group(process.pid, signal.SIGKILL)
+        _stop_all(list(self.running.values()))
 
     def run(self, jobs: Sequence[Job], done: Callable[[Finished], None] | None) -> list[Finished]:
         """Run the jobs in a pool of ``launcher.jobs`` threads, each waiting on one child."""
@@ -193,6 +184,27 @@ class _LocalRun:
         return [results[k] for k in range(len(jobs))]
 
 
+def _start(job: Job, env: dict[str, str] | None = None) -> subprocess.Popen[str]:
+    """Start a job's command in a process group of its own (a terminal's Ctrl-C reaches only this
+    process, which stops the group), its output and errors in one pipe."""
+    return subprocess.Popen(job.argv, cwd=job.cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env=env, start_new_session=True)
+
+
+def _stop_all(processes: list[subprocess.Popen[str]]) -> None:
+    """Stop jobs as a Ctrl-C would, so each run shuts its own Ray down: SIGINT to every job's group, then,
+    after at most ``STOP_GRACE_S`` in all, SIGKILL to whatever is left of each group."""
+    for process in processes:
+        _signal_group(process.pid, signal.SIGINT)
+    deadline = time.monotonic() + STOP_GRACE_S
+    for process in processes:
+        try:
+            process.wait(timeout=max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            pass
+        _signal_group(process.pid, signal.SIGKILL)
+
+
 def _signal_group(pid: int, sig: signal.Signals) -> None:
     try:
         os.killpg(pid, sig)
@@ -212,18 +224,13 @@ def _run_on_node(job: Job) -> tuple[int, float, str]:
     import ray
 
     start = time.perf_counter()
-    process = subprocess.Popen(job.argv, cwd=job.cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                               env=_clean_environment(), start_new_session=True)
+    process = _start(job, _clean_environment())
     assert process.stdout is not None
     try:
         _echo(job.name, process.stdout, sys.stdout, threading.Lock())
         returncode = process.wait()
-    except BaseException:  # ray.cancel: stop the run as a Ctrl-C would, so its own Ray shuts down
-        _signal_group(process.pid, signal.SIGINT)
-        try:
-            process.wait(timeout=STOP_GRACE_S)
-        except subprocess.TimeoutExpired:
-            _signal_group(process.pid, signal.SIGKILL)
+    except BaseException:  # ray.cancel
+        _stop_all([process])
         raise
     node = f"{ray.util.get_node_ip_address()} ({ray.get_runtime_context().get_node_id()[:8]})"
     return returncode, time.perf_counter() - start, node
