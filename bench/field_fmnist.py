@@ -9,8 +9,9 @@ Cells (100 clients, LeNet-5, experiment=fmnist):
 - corr-iid: FedCorr's noise (rho, tau) = (0.6, 0.5), IID; seeds 1-3 (``--more-seeds``).
 - corr-noniid: the same noise, FedCorr's non-IID partition (p, alpha_Dir) = (0.7, 10).
 - es-sym0.3, es-sym0.5, es-pair0.3, es-pair0.5: FedES's noise, every client's rate ~ N(mu, 0.2)
-  clipped to [0, 1], symmetric or pair-flip (y -> y+1: FedES's CIFAR-10 class map has no
-  Fashion-MNIST counterpart), IID.
+  clipped to [0, 1], symmetric or pair-flip (y -> y+1, every class to its index neighbour; FedES's own
+  asymmetric noise is a class map, whose Fashion-MNIST analogue is noise.kind=fmnist_asym:
+  docs/fedes.md), IID.
 Every method spends ``--budget`` client participations (``comm_budget``) with its conf/ defaults:
 FedAvg, FedProx, FedLSR and FedNoRo 60 rounds of 10 clients; FedCorr T1 = 2, T2 = 20 and stage 3 the
 rest; FedDiv 2 warm-up iterations and 40 rounds; FedES s1 = 10 rounds, one all-client estimation

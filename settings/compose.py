@@ -56,10 +56,12 @@ def compose_config(overrides: Sequence[str] = ()) -> DictConfig:
     that names the bad override and, for a group, the options it has.
     """
     for override in overrides:
-        group, sep, value = override.partition("=")
+        key, sep, value = override.partition("=")
+        # A group chosen at a package (``strategy/local@strategy.train=fnbench``) has its options in the group's folder.
+        group = key.partition("@")[0]
         if sep and (CONF_DIR / group).is_dir() and value not in group_options(group):
             raise ConfigError(
-                f"{group}={value!r} is invalid: allowed are {', '.join(group_options(group))}"
+                f"{key}={value!r} is invalid: allowed are {', '.join(group_options(group))}"
             )
     try:
         if GlobalHydra.instance().is_initialized():

@@ -15,8 +15,8 @@ LEARNERS = ("ce", "mixup", "sce", "coteaching", "lsr")
 lsr: FedLSR's local self-regularisation (Jiang et al. 2022)."""
 
 LSR_DISTILLS = ("js", "l1", "none")
-LSR_CLS_LOSSES = ("nll", "logits_ce")
-LSR_REDUCTIONS = ("sum", "elementwise_mean")
+LSR_CLS_LOSSES = ("logits_ce", "nll")
+LSR_REDUCTIONS = ("elementwise_mean", "sum")
 LSR_ENTROPY_FORMS = ("outputs", "tempered")
 AUGMENT_DRAWS = ("sample", "batch")
 
@@ -27,16 +27,19 @@ _SHARE = Interval(float, 0, 1, closed="left", finite=True)
 
 @dataclass(frozen=True)
 class LsrSettings(Checked):
-    """FedLSR's local self-regularisation (Jiang et al., CIKM 2022, Sec. 3.3 and Algorithm 1). The
-    text's reading is each default, the released code's choice the named alternative (docs/learners.md)."""
+    """FedLSR's local self-regularisation (Jiang et al., CIKM 2022, Sec. 3.3 and Algorithm 1). Each
+    default is the text's reading where the text decides, else the released code's (docs/learners.md)."""
 
     gamma: float = option(_WEIGHT, "the self-distillation weight once warmed up (Table 2, per noise level)")
     warmup_rounds: int = option(Interval(int, 0), "t_w: rounds over which the weight rises linearly from 0 to gamma")
     sharpen_temperature: float = option(_TEMPERATURE, "T of eq. (7), the sharpening of the prediction")
     distill_temperature: float = option(_TEMPERATURE, "T_d of eq. (8), the distillation's temperature")
     distill: str = option(Options(LSR_DISTILLS), "js (eq. 9, IID) | l1 (the non-IID choice) | none (Table 5)")
-    cls_loss: str = option(Options(LSR_CLS_LOSSES), "nll: -log p_s[y] | logits_ce: CE with p_s taken as logits")
-    reduction: str = option(Options(LSR_REDUCTIONS), "sum over classes, mean over the batch | elementwise_mean")
+    cls_loss: str = option(Options(LSR_CLS_LOSSES),
+                           "logits_ce: CE with p_s in the logits' place of eq. (1) (text and code) | nll: -log p_s[y]")
+    reduction: str = option(Options(LSR_REDUCTIONS),
+                            "elementwise_mean: the divergence averaged over batch x classes, the code's, which "
+                            "Table 2's gammas weigh | sum: over classes, mean over the batch (M times as much)")
     entropy_weight: float = option(_WEIGHT, "lambda_e of LSR+ (eq. 11); 0 is plain LSR")
     entropy_form: str = option(Options(LSR_ENTROPY_FORMS),
                                "outputs: entropy of softmax(o1), softmax(o2) | tempered: of softmax(q1)")

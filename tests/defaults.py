@@ -25,6 +25,12 @@ def composed(*overrides: str) -> dict[str, Any]:
     return resolved(compose_config(list(overrides)))
 
 
+def noise_params(name: str, **changes: Any) -> dict[str, Any]:
+    """``conf/noise/<name>.yaml``'s parameters (without ``name``), with ``changes``."""
+    block = {key: value for key, value in composed(f"noise={name}")["noise"].items() if key != "name"}
+    return {**block, **changes}
+
+
 def local_training(**changes: Any) -> LocalTraining:
     """``conf/strategy/local/sgd.yaml``'s local training, with ``changes``."""
     train = from_mapping(LocalTraining, composed("strategy=fedavg")["strategy"]["train"], "strategy.train")

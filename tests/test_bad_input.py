@@ -86,6 +86,8 @@ SIM_CASES = [
     ("noise=gaussian noise.kind=diagonal", "noise.kind='diagonal'"),
     ("noise=symmetric noise.eps=1.5", "noise.eps=1.5"),
     ("noise=pairflip noise.eps=inf", "noise.eps=inf"),
+    ("noise=pairflip noise.direction=left", "noise.direction='left'"),
+    ("strategy=fednoro strategy/local@strategy.train=fnbenc", "strategy/local@strategy.train='fnbenc'"),
     ("partition=dirichlet partition.alpha=inf", "partition.alpha=inf"),
     ("partition=dirichlet partition.alpha=0", "partition.alpha=0"),
     ("partition=fedcorr_noniid partition.p=1.5", "partition.p=1.5"),

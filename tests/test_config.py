@@ -83,3 +83,41 @@ def test_paper_presets_carry_appendix_b_for_the_baselines():
     assert lrs == {"fedavg": 0.03, "fedprox": 0.01, "feddyn": 0.1, "fedmedian": 0.01, "poc": 0.01}
     assert strategy("experiment=clothing1m", "strategy=fedprox").train.lr == 0.003
     assert strategy("experiment=smoke", "strategy=poc").d == 6 and strategy("strategy=poc").d == 30
+
+
+def _train(*overrides):
+    from defaults import composed
+
+    return composed("strategy=fednoro", *overrides)["strategy"]["train"]
+
+
+OPTIMISER = ("optimizer", "lr", "momentum", "weight_decay", "epochs", "batch_size")
+
+
+def test_fednoro_trains_with_the_shared_local_block_unless_a_source_s_is_chosen():
+    shared, fnbench, code = (_train(*choice) for choice in (
+        (), ("strategy/local@strategy.train=fnbench",), ("strategy/local@strategy.train=fednoro_code",)))
+    assert [shared[k] for k in OPTIMISER] == ["sgd", 0.01, 0.5, 0.0, 5, 10], "FedCorr's block, every strategy's"
+    # FNBench on CIFAR (utils/options.py): SGD lr 0.01, momentum 0.9, weight decay 5e-4, E 5, B 64.
+    assert [fnbench[k] for k in OPTIMISER] == ["sgd", 0.01, 0.9, 5e-4, 5, 64]
+    # FedNoRo's released code: Adam lr 3e-4, weight decay 5e-4, E 5, B 16 (momentum is SGD's only).
+    assert [code[k] for k in OPTIMISER if k != "momentum"] == ["adam", 3e-4, 5e-4, 5, 16]
+    # Everything else (the learner and its options) is the shared block's.
+    for preset in (fnbench, code):
+        assert {k: v for k, v in preset.items() if k not in OPTIMISER} == \
+            {k: v for k, v in shared.items() if k not in OPTIMISER}
+
+
+@pytest.mark.parametrize("choice", ["fnbench", "fednoro_code"])
+def test_fednoros_source_presets_are_valid_runs(choice):
+    from server.config import load_run
+
+    plan = load_run(compose_config(["strategy=fednoro", f"strategy/local@strategy.train={choice}"]))
+    train = plan.strategy.settings.train
+    assert (train.optimizer, train.weight_decay) == ("adam" if choice == "fednoro_code" else "sgd", 5e-4)
+
+
+def test_an_unknown_local_preset_is_one_line_naming_the_choices():
+    with pytest.raises(ConfigError, match=r"^strategy/local@strategy.train='fnbenc' is invalid: allowed are "
+                                          r"fednoro_code, fnbench, sgd$"):
+        compose_config(["strategy=fednoro", "strategy/local@strategy.train=fnbenc"])

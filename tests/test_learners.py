@@ -65,11 +65,37 @@ def test_js_and_l1_distillation_by_hand():
     assert distillation(q1, q1, "js", "sum").item() == pytest.approx(0.0, abs=1e-7)
 
 
+def test_lsr_defaults_are_cross_entropy_on_p_s_as_logits_and_the_elementwise_mean():
+    # FedLSR: "we use p_s instead of logits in Eq. 1", Eq. 1 being cross-entropy on logits; Table 2's
+    # gamma values weigh the released code's divergence averaged over batch x classes.
+    options = lsr_settings()
+    assert (options.cls_loss, options.reduction) == ("logits_ce", "elementwise_mean")
+    o1 = torch.tensor([[2.0, 0.0, -1.0], [0.5, 0.5, 3.0]])
+    o2 = torch.tensor([[0.0, 1.0, 0.0], [1.0, -2.0, 0.0]])
+    labels = torch.tensor([1, 2])
+    lam = 0.25
+    p_s = sharpen(lam * torch.softmax(o1, 1) + (1 - lam) * torch.softmax(o2, 1), 0.5)
+    cls = sum(-math.log(math.exp(row[y]) / sum(math.exp(v) for v in row))
+              for row, y in zip(p_s.tolist(), labels.tolist())) / 2
+    q1, q2 = tempered(o1, 1 / 3), tempered(o2, 1 / 3)
+    middle = (q1 + q2) / 2
+    # Each KL summed over all 2 x 3 entries, then divided by their count: the elementwise mean.
+    kl = [float((q * (q.log() - middle.log())).sum()) / 6 for q in (q1, q2)]
+    loss = lsr_loss(o1, o2, labels, lam, 0.4, options)
+    assert loss.reported.item() == pytest.approx(cls, rel=1e-5)
+    assert loss.objective.item() == pytest.approx(cls + 0.4 * (kl[0] + kl[1]) / 2, rel=1e-5)
+    # The switches: the text's other reading of the loss, and the per-sample sum (3 classes: 3x the weight).
+    nll = lsr_loss(o1, o2, labels, lam, 0.0, lsr_settings(cls_loss="nll"))
+    assert nll.reported.item() == pytest.approx(float(-p_s[[0, 1], [1, 2]].log().mean()), rel=1e-5)
+    summed = lsr_loss(o1, o2, labels, lam, 0.4, lsr_settings(reduction="sum"))
+    assert summed.objective.item() - cls == pytest.approx(3 * 0.4 * (kl[0] + kl[1]) / 2, rel=1e-5)
+
+
 def test_lsr_objective_adds_the_weighted_distillation_and_reports_the_classification_loss():
     o1 = torch.tensor([[2.0, 0.0, -1.0]])
     o2 = torch.tensor([[0.0, 1.0, 0.0]])
     labels = torch.tensor([1])
-    options = lsr_settings()
+    options = lsr_settings(cls_loss="nll", reduction="sum")
     lam = 0.25
     mixed = lam * torch.softmax(o1, 1) + (1 - lam) * torch.softmax(o2, 1)
     cls = -math.log(sharpen(mixed, 0.5)[0, 1].item())
@@ -80,7 +106,7 @@ def test_lsr_objective_adds_the_weighted_distillation_and_reports_the_classifica
     assert lsr_loss(o1, o2, labels, lam, 0.0, options).objective.item() == pytest.approx(cls, rel=1e-5)
     # LSR+: the mean entropy of the two views' predictions, weighted by lambda_e.
     entropy = sum(-(p * p.log()).sum().item() for p in (torch.softmax(o1, 1), torch.softmax(o2, 1))) / 2
-    plus = lsr_loss(o1, o2, labels, lam, 0.0, lsr_settings(entropy_weight=0.5))
+    plus = lsr_loss(o1, o2, labels, lam, 0.0, lsr_settings(cls_loss="nll", entropy_weight=0.5))
     assert plus.objective.item() == pytest.approx(cls + 0.5 * entropy, rel=1e-5)
 
 
@@ -231,8 +257,11 @@ def _schedules(grid) -> list[tuple[str, float, float]]:
 def test_every_learner_trains_standalone(run_inprocess, learner):
     options = ("strategy.train.lsr.warmup_rounds=2 strategy.train.lsr.gamma=0.5 "
                "strategy.train.coteaching.forget_rate=0.4 strategy.train.coteaching.ramp_rounds=2")
+    # LSR's bounded loss (cross-entropy on p_s as logits) has small gradients: FedLSR pairs it with a
+    # large learning rate (0.15), and three smoke rounds need one too.
+    lr = "strategy.train.lr=0.2" if learner == "lsr" else ""
     payload, grid = run_inprocess(f"{SMOKE} strategy=fedavg strategy.num_rounds=3 "
-                                  f"strategy.train.learner={learner} {options}")
+                                  f"strategy.train.learner={learner} {options} {lr}")
     assert payload["summary"]["final_acc"] > 0.5, "a 10-class task learned well beyond chance"
     per_round = sorted({(row[1], row[2]) for row in _schedules(grid)})
     assert {row[0] for row in _schedules(grid)} == {learner}

@@ -1,5 +1,8 @@
+from fractions import Fraction
+
 import numpy as np
 import pytest
+from defaults import noise_params
 
 from common.errors import ConfigError
 from data.noise import NOISE_MODELS, add_noise
@@ -70,31 +73,80 @@ def test_fedcorr_rho_zero_and_one():
     assert np.all(full.level == 1.0)
 
 
-@pytest.mark.parametrize("eps", [0.0, 0.2, 0.45, 1.0])
-def test_symmetric_flips_exactly_eps_to_other_classes(eps):
-    labels, client = scene_arrays(20)
-    out = add_noise("symmetric", labels, client, 20, M, np.random.default_rng(2), {"eps": eps})
-    changed = out.labels != labels
-    assert changed.sum() == round(eps * labels.size)
-    if eps == 0.45:
-        # The new class is uniform over the M-1 others.
-        offsets = (out.labels[changed] - labels[changed]) % M
-        share = np.bincount(offsets, minlength=M)[1:] / changed.sum()
-        assert np.allclose(share, 1 / (M - 1), atol=0.02)
+# FedES's CIFAR-10 asymmetric map, written out here independently of data.noise.
+CIFAR10_MAP = {9: 1, 2: 0, 4: 7, 3: 5, 5: 3}
+FMNIST_MAP = {0: 6, 6: 0, 2: 4, 5: 7, 9: 7}
 
 
-def test_pairflip_moves_to_the_next_class():
-    labels, client = scene_arrays(20)
-    out = add_noise("pairflip", labels, client, 20, M, np.random.default_rng(2), {"eps": 0.3})
+def uneven_labels(seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """Labels whose class sizes differ (7, 13, 25, ...), so floor(eps n_c) per class and round(eps n)
+    over the whole set give different counts; 20 clients."""
+    sizes = [7, 13, 25, 40, 61, 99, 150, 203, 311, 498]
+    labels = np.random.default_rng(seed).permutation(np.repeat(np.arange(M), sizes))
+    return labels, np.arange(labels.size) % 20
+
+
+def test_the_protocol_noise_defaults_come_from_conf():
+    assert noise_params("symmetric") == {"eps": 0.4, "class_balanced": True}
+    assert noise_params("pairflip") == {"eps": 0.3, "class_balanced": True, "direction": "down"}
+    assert noise_params("gaussian") == {"mean": 0.3, "std": 0.2, "kind": "symmetric", "direction": "up"}
+
+
+@pytest.mark.parametrize("name", ["symmetric", "pairflip"])
+@pytest.mark.parametrize("eps", [0.0, 0.2, 0.3, 0.45, 0.7, 1.0])
+def test_protocol_noise_corrupts_exactly_floor_eps_n_c_of_each_class(name, eps):
+    labels, client = uneven_labels()
+    out = add_noise(name, labels, client, 20, M, np.random.default_rng(2), noise_params(name, eps=eps))
     changed = out.labels != labels
-    assert changed.sum() == round(0.3 * labels.size)
-    assert np.array_equal(out.labels[changed], (labels[changed] + 1) % M)
+    sizes = np.bincount(labels, minlength=M)
+    expected = [int(Fraction(str(eps)) * int(n)) for n in sizes]  # floor(eps n_c), eps as written
+    assert np.bincount(labels[changed], minlength=M).tolist() == expected
+    assert np.all(out.level == eps)
+    if 0 < eps < 1:
+        assert changed.sum() != round(eps * labels.size), "the per-class floors differ from one overall count here"
+
+
+def test_symmetric_noise_moves_to_a_uniform_other_class():
+    labels, client = scene_arrays(20)
+    out = add_noise("symmetric", labels, client, 20, M, np.random.default_rng(2), noise_params("symmetric", eps=0.45))
+    changed = out.labels != labels
+    offsets = (out.labels[changed] - labels[changed]) % M
+    share = np.bincount(offsets, minlength=M)[1:] / changed.sum()
+    assert np.allclose(share, 1 / (M - 1), atol=0.02)
+
+
+@pytest.mark.parametrize("name", ["symmetric", "pairflip"])
+def test_protocol_noise_over_the_whole_set_when_not_class_balanced(name):
+    labels, client = uneven_labels()
+    out = add_noise(name, labels, client, 20, M, np.random.default_rng(2),
+                    noise_params(name, eps=0.45, class_balanced=False))
+    assert (out.labels != labels).sum() == round(0.45 * labels.size)
+
+
+@pytest.mark.parametrize("direction,step", [("down", -1), ("up", 1)])
+def test_pairflip_moves_every_flipped_label_one_class_in_its_direction(direction, step):
+    labels, client = uneven_labels()
+    out = add_noise("pairflip", labels, client, 20, M, np.random.default_rng(2),
+                    noise_params("pairflip", direction=direction))
+    changed = out.labels != labels
+    assert changed.sum() > 0
+    assert np.array_equal(out.labels[changed], (labels[changed] + step) % M)
+    assert np.array_equal(out.labels[~changed], labels[~changed])
+
+
+@pytest.mark.parametrize("name", ["symmetric", "pairflip"])
+def test_protocol_noise_is_the_same_for_the_same_seed_only(name):
+    labels, client = uneven_labels()
+    params = noise_params(name)
+    a, b, c = (add_noise(name, labels, client, 20, M, np.random.default_rng(seed), params) for seed in (5, 5, 6))
+    assert np.array_equal(a.labels, b.labels)
+    assert not np.array_equal(a.labels, c.labels)
 
 
 @pytest.mark.parametrize("kind", ["symmetric", "pairflip"])
 def test_gaussian_rates_are_clipped_normal_and_exact(kind):
     labels, client = scene_arrays(400, 100)
-    params = {"mean": 0.3, "std": 0.4, "kind": kind}
+    params = noise_params("gaussian", mean=0.3, std=0.4, kind=kind)
     out = add_noise("gaussian", labels, client, 400, M, np.random.default_rng(3), params)
     assert out.level.min() == 0.0 and out.level.max() <= 1.0
     assert (out.level == 0).mean() == pytest.approx(0.227, abs=0.06)  # P(N(0.3, 0.4) < 0)
@@ -102,13 +154,55 @@ def test_gaussian_rates_are_clipped_normal_and_exact(kind):
     assert np.array_equal(counts, np.round(out.level * 100))
     if kind == "pairflip":
         changed = out.labels != labels
-        assert np.array_equal(out.labels[changed], (labels[changed] + 1) % M)
+        assert np.array_equal(out.labels[changed], (labels[changed] + 1) % M), "up by default"
+
+
+def test_gaussian_pairflip_follows_its_direction():
+    labels, client = scene_arrays(50, 100)
+    params = noise_params("gaussian", kind="pairflip", direction="down")
+    out = add_noise("gaussian", labels, client, 50, M, np.random.default_rng(3), params)
+    changed = out.labels != labels
+    assert changed.sum() > 0 and np.array_equal(out.labels[changed], (labels[changed] - 1) % M)
+
+
+@pytest.mark.parametrize("kind,mapping", [("cifar10_asym", CIFAR10_MAP), ("fmnist_asym", FMNIST_MAP)])
+def test_a_class_map_flips_every_picked_sample_of_a_mapped_class_to_its_image(kind, mapping):
+    labels, client = scene_arrays(50, 200)
+    # Every client at rate 1: every sample is picked, so every sample of a mapped class is flipped.
+    full = add_noise("gaussian", labels, client, 50, M, np.random.default_rng(3),
+                     noise_params("gaussian", kind=kind, mean=1.0, std=0.0))
+    assert full.labels.tolist() == [mapping.get(y, y) for y in labels.tolist()]
+    # At rate 0.5 each client's round(0.5 n_k) picks are drawn from all its samples: a picked sample
+    # of an unmapped class keeps its label, so about half the mapped samples flip and nothing else.
+    half = add_noise("gaussian", labels, client, 50, M, np.random.default_rng(3),
+                     noise_params("gaussian", kind=kind, mean=0.5, std=0.0))
+    changed = half.labels != labels
+    assert half.labels[changed].tolist() == [mapping[y] for y in labels[changed].tolist()]
+    assert not np.isin(labels[changed], [c for c in range(M) if c not in mapping]).any()
+    mapped = np.isin(labels, list(mapping))
+    per_client = np.bincount(client, weights=changed, minlength=50)
+    assert np.all(per_client <= 100) and np.all(per_client <= np.bincount(client, weights=mapped))
+    assert changed.sum() / mapped.sum() == pytest.approx(0.5, abs=0.03)
+    again = add_noise("gaussian", labels, client, 50, M, np.random.default_rng(3),
+                      noise_params("gaussian", kind=kind, mean=0.5, std=0.0))
+    assert np.array_equal(again.labels, half.labels)
+
+
+@pytest.mark.parametrize("kind", ["cifar10_asym", "fmnist_asym"])
+def test_a_class_map_is_refused_for_a_dataset_of_another_class_count(kind):
+    labels, client = np.arange(100 * 20) % 100, np.repeat(np.arange(20), 100)
+    with pytest.raises(ConfigError, match=rf"^noise.kind='{kind}' is invalid: symmetric or pairflip on this "
+                                          r"100-class dataset") as caught:
+        add_noise("gaussian", labels, client, 20, 100, np.random.default_rng(0), noise_params("gaussian", kind=kind))
+    assert "\n" not in str(caught.value)
 
 
 def test_none_and_inputs_are_never_modified():
     labels, client = scene_arrays(10)
     before = labels.copy()
-    for name, params in [("none", {}), ("fedcorr", FEDCORR), ("symmetric", {"eps": 0.5})]:
+    for name, params in [("none", {}), ("fedcorr", FEDCORR), ("symmetric", noise_params("symmetric", eps=0.5)),
+                         ("pairflip", noise_params("pairflip")),
+                         ("gaussian", noise_params("gaussian", kind="fmnist_asym"))]:
         out = add_noise(name, labels, client, 10, M, np.random.default_rng(0), params)
         assert np.array_equal(labels, before)
         assert out.labels is not labels
@@ -130,10 +224,15 @@ def test_same_seed_same_noise():
         ("fedcorr", {**FEDCORR, "tau": 2}, r"noise.tau=2"),
         ("fedcorr", {**FEDCORR, "rho": True}, r"noise.rho=True"),
         ("fedcorr", {**FEDCORR, "allow_true_label": "yes"}, r"noise.allow_true_label='yes'"),
-        ("symmetric", {"eps": 1.5}, r"noise.eps=1.5"),
-        ("pairflip", {"eps": -1}, r"noise.eps=-1"),
-        ("gaussian", {"mean": 0.3, "std": -0.1, "kind": "symmetric"}, r"noise.std=-0.1"),
-        ("gaussian", {"mean": 0.3, "std": 0.1, "kind": "diagonal"}, r"noise.kind='diagonal'"),
+        ("symmetric", noise_params("symmetric", eps=1.5), r"noise.eps=1.5"),
+        ("pairflip", noise_params("pairflip", eps=-1), r"noise.eps=-1"),
+        ("gaussian", noise_params("gaussian", std=-0.1), r"noise.std=-0.1"),
+        ("gaussian", noise_params("gaussian", kind="diagonal"), r"noise.kind='diagonal' is invalid: allowed are "
+                                                                r"symmetric, pairflip, cifar10_asym, fmnist_asym"),
+        ("gaussian", noise_params("gaussian", kind="pairflip", direction="left"),
+         r"noise.direction='left' is invalid: allowed are down, up"),
+        ("pairflip", noise_params("pairflip", direction=1), r"noise.direction=1"),
+        ("symmetric", noise_params("symmetric", class_balanced="yes"), r"noise.class_balanced='yes'"),
         ("symmetric", {}, r"needs noise.eps"),
         ("label_swap", {}, r"noise='label_swap' is invalid: allowed are fedcorr, symmetric, pairflip, gaussian, none"),
     ],

@@ -2,6 +2,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from defaults import noise_params
 
 from common.atomic_files import write_npz
 from common.errors import ConfigError, SceneError
@@ -151,7 +152,7 @@ def test_clothing1m_refuses_synthetic_noise():
         run_settings(compose_config(["dataset=clothing1m"]))
     source = DatasetSource("clothing1m", num_classes=14, root=None, download=False, cache_dir=None)
     with pytest.raises(ConfigError, match="use noise=none"):
-        SceneSpec.build(source, 10, 1, {"name": "iid"}, {"name": "symmetric", "eps": 0.2})
+        SceneSpec.build(source, 10, 1, {"name": "iid"}, {"name": "symmetric", **noise_params("symmetric", eps=0.2)})
 
 
 def test_a_bare_npy_file_is_not_a_scene(tmp_path):

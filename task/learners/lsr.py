@@ -28,8 +28,9 @@ def sharpen(p: torch.Tensor, temperature: float) -> torch.Tensor:
 
 
 def classification_loss(sharpened: torch.Tensor, labels: torch.Tensor, form: str) -> torch.Tensor:
-    """Loss_cls = CE(p_s, y), averaged over the batch: ``nll`` is -log p_s[y]; ``logits_ce`` feeds
-    p_s to cross-entropy as if it were logits (the released code; a bounded loss)."""
+    """Loss_cls = CE(p_s, y), averaged over the batch: ``logits_ce`` feeds p_s to cross-entropy in the
+    place of eq. (1)'s logits (the text's "p_s instead of logits in Eq. 1", and the released code; a
+    bounded loss); ``nll`` is -log p_s[y]."""
     if form == "logits_ce":
         return F.cross_entropy(sharpened, labels)
     picked = sharpened.gather(1, labels.view(-1, 1)).squeeze(1)
@@ -42,7 +43,8 @@ def tempered(logits: torch.Tensor, temperature: float) -> torch.Tensor:
 
 
 def _reduce(per_entry: torch.Tensor, reduction: str) -> torch.Tensor:
-    """``sum``: summed over classes, averaged over the batch; ``elementwise_mean``: averaged over both."""
+    """``elementwise_mean``: averaged over batch x classes (the released code's, the scale Table 2's
+    gamma values were chosen at); ``sum``: summed over classes, averaged over the batch."""
     return per_entry.mean() if reduction == "elementwise_mean" else per_entry.sum(dim=1).mean()
 
 
