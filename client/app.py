@@ -13,7 +13,7 @@ from flwr.app import ArrayRecord, Context, Message
 from flwr.clientapp import ClientApp
 
 from client.label_state import current_labels
-from client.node import LocalNode, load_node
+from client.node import LocalNode, load_node, sends_ground_truth
 from client.plugins.base import QueryHandler
 from client.plugins.registry import plugin, plugins
 from client.state_store import enter, state_root
@@ -33,8 +33,10 @@ def node_for(message: Message, context: Context) -> LocalNode:
 
 @app.query("info")
 def info(message: Message, context: Context) -> Message:
-    """Tell the server which partition this node holds and how many training samples it has."""
+    """Tell the server which partition this node holds and how many training samples it has. A node
+    config the node cannot use fails here, in the run's first exchange."""
     node = load_node(context)
+    sends_ground_truth(context)
     keeps_state = int(state_root(context, node.settings.out_dir) is not None)
     return Message(reply(NodeInfo(node.partition_id, len(node.data), keeps_state)), reply_to=message)
 

@@ -6,6 +6,9 @@ in ``<out_dir>/scene.npz``. Deployment: the node's ``data-path`` names its own l
 (data.local_file), whose meta carries the partition id; its data never leaves the node. Loading is
 cached per process: Ray keeps client actors alive between messages, so a simulated client reads its
 data once, not once per round.
+
+Whether the node may send ground-truth diagnostics (counts of its labels against their true labels)
+is the node's own decision, ``sends_ground_truth``: its node config's ``ground-truth-diagnostics``.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from flwr.app import Context
 
 from common.errors import ConfigError
 from common.seeding import rng_for
+from common.validation import Flag
 from data.client_data import ClientData, client_data
 from data.local_file import read_local_file
 from data.scene import SCENE_FILE, Scene
@@ -32,6 +36,11 @@ from task.device import resolve_device
 
 PARTITION_ID_KEY = "partition-id"
 DATA_PATH_KEY = "data-path"
+NUM_PARTITIONS_KEY = "num-partitions"
+"""Flower's simulation runtime gives every virtual node ``partition-id`` and ``num-partitions``;
+``deploy/supernode.sh`` never gives ``num-partitions``."""
+DIAGNOSTICS_KEY = "ground-truth-diagnostics"
+"""Node config: true lets the node send ground-truth diagnostics when a run asks; false never."""
 
 
 @dataclass(frozen=True)
@@ -130,3 +139,18 @@ def load_node(context: Context) -> LocalNode:
         f"deployed SuperNode with --node-config '{DATA_PATH_KEY}=\"/path/to/client_K.npz\"' (its local data "
         f"file), or give a simulated node '{PARTITION_ID_KEY}=K'"
     )
+
+
+def sends_ground_truth(context: Context) -> bool:
+    """Whether this node may send ground-truth diagnostics (counts of its labels against their true
+    labels) when a run asks for them: its node config's ``ground-truth-diagnostics`` (true or false,
+    else an ``InvalidValue``). Without that key only a virtual node of Flower's simulation runtime
+    sends them (``partition-id`` and ``num-partitions``, no ``data-path``): its labels and their truth
+    are the scene the server itself built. A deployed node sends none unless its operator sets the key
+    true (``deploy/supernode.sh --ground-truth-diagnostics``)."""
+    config = context.node_config
+    if DIAGNOSTICS_KEY in config:
+        value = config[DIAGNOSTICS_KEY]
+        Flag().check(f"node_config.{DIAGNOSTICS_KEY}", value)
+        return bool(value)
+    return PARTITION_ID_KEY in config and NUM_PARTITIONS_KEY in config and DATA_PATH_KEY not in config

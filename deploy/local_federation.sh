@@ -13,7 +13,8 @@ SMOKE_OVERRIDES=(experiment=smoke strategy=fedcorr strategy.t1=1 strategy.t2=1 s
 usage() {
     cat <<EOF
 usage: deploy/local_federation.sh [--nodes N] [--out DIR] [--keep | --work-dir DIR] [--data-files]
-                                  [--database] [--timeout SECONDS] [--no-run] [-- HYDRA_OVERRIDES...]
+                                  [--database] [--timeout SECONDS] [--no-run] [--ground-truth-diagnostics]
+                                  [-- HYDRA_OVERRIDES...]
 
 Rehearses a real deployment on localhost and exits 0 only when the run completed:
   1. a CA, a SuperLink certificate and N SuperNode key pairs (deploy/make_certs.sh, make_node_keys.sh)
@@ -34,6 +35,9 @@ Every process it started (and their children) is stopped by pid on exit, also on
   --timeout S      fail when the run takes longer than S seconds (default 900)
   --no-run         skip step 5: keep the federation up until Ctrl-C (or SIGTERM) and submit runs
                    yourself with deploy/run.sh (the line "federation ready: ..." gives the command)
+  --ground-truth-diagnostics
+                   start every SuperNode with it (supernode.sh): a run with ground_truth=true then gets
+                   the nodes' ground-truth counts, as in a simulation (without it: null with a reason)
   HYDRA_OVERRIDES  the run's configuration instead of the default FedCorr smoke setting
                    (${SMOKE_OVERRIDES[*]}); num_clients is always N
 Logs: WORK/logs/{superlink,supernode_<k>}.log; pids: WORK/pids/{superlink,supernode_<k>}.pid;
@@ -42,7 +46,7 @@ EOF
 }
 
 out="" keep=0 work="" data_files=0 timeout_s=900 run=1 database=0
-overrides=()
+overrides=() node_options=()
 while [[ $# -gt 0 ]]; do
     case "$1" in
         -h | --help) usage; exit 0 ;;
@@ -54,6 +58,7 @@ while [[ $# -gt 0 ]]; do
         --database) database=1; shift ;;
         --timeout) require_value "$@"; timeout_s="$2"; shift 2 ;;
         --no-run) run=0; shift ;;
+        --ground-truth-diagnostics) node_options=(--ground-truth-diagnostics); shift ;;
         --) shift; overrides=("$@"); break ;;
         *) die "unknown argument $1 (see --help; Hydra overrides go after --)" ;;
     esac
@@ -232,7 +237,7 @@ for ((k = 0; k < NUM_NODES; k++)); do
     if ((data_files)); then data=(--data-path "$out/clients/client_$k.npz"); else data=(--partition-id "$k"); fi
     start "supernode_$k" bash "$DEPLOY_DIR/supernode.sh" --superlink "$address" \
         --root-certificates "$work/certs/ca.crt" --auth-key "$work/keys/node_$k" "${data[@]}" \
-        --state-dir "$work/state/node_$k" --port "${node_ports[$k]}"
+        --state-dir "$work/state/node_$k" --port "${node_ports[$k]}" "${node_options[@]}"
 done
 wait_until $((60 + 6 * NUM_NODES)) "$NUM_NODES SuperNodes online" nodes_online "$NUM_NODES"
 if ((!run)); then

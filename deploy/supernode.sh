@@ -7,6 +7,7 @@ usage() {
     cat <<'EOF'
 usage: deploy/supernode.sh --superlink HOST:PORT --root-certificates CA_FILE --auth-key KEY_FILE
                            (--data-path FILE | --partition-id K) [--state-dir DIR] [--port PORT]
+                           [--ground-truth-diagnostics]
        deploy/supernode.sh --superlink HOST:PORT --insecure (--data-path FILE | --partition-id K) ...
 
 Runs flower-supernode in the foreground (it replaces this script's process, so its pid is this
@@ -27,6 +28,10 @@ project's ClientApp for every message of every run.
                              with them (default: the ClientApp's own choice)
   --port PORT                port of this SuperNode's local Runtime API on 127.0.0.1 (default 9094); give
                              every SuperNode on one machine its own
+  --ground-truth-diagnostics let the node answer a run with ground truth (ground_truth=true) with counts of
+                             its labels against the true labels its data holds (FedCorr's and FedDiv's
+                             diagnostics, e.g. FedCorr's M x M confusion counts); without it the node config
+                             says ground-truth-diagnostics=false and the node sends none
 
 The device the client trains on is not a node option: it is the run's `client.device` (auto uses
 CUDA when present; pin a GPU per SuperNode with CUDA_VISIBLE_DEVICES).
@@ -38,7 +43,7 @@ check_config_path() {
     [[ "$2" != *'"'* && "$2" != *'\'* && "$2" != *"'"* ]] || die "$1 '$2' is invalid: quotes and backslashes are not allowed in it"
 }
 
-superlink="" ca="" key="" insecure=0 data_path="" partition_id="" state_dir="" port=9094
+superlink="" ca="" key="" insecure=0 data_path="" partition_id="" state_dir="" port=9094 diagnostics=false
 while [[ $# -gt 0 ]]; do
     case "$1" in
         -h | --help) usage; exit 0 ;;
@@ -50,6 +55,7 @@ while [[ $# -gt 0 ]]; do
         --partition-id) require_value "$@"; partition_id="$2"; shift 2 ;;
         --state-dir) require_value "$@"; state_dir="$2"; shift 2 ;;
         --port) require_value "$@"; port="$2"; shift 2 ;;
+        --ground-truth-diagnostics) diagnostics=true; shift ;;
         *) die "unknown argument $1 (see --help)" ;;
     esac
 done
@@ -87,6 +93,8 @@ if [[ -n "$state_dir" ]]; then
     mkdir -p "$state_dir"
     node_config+=" state-dir=\"$state_dir\""
 fi
+# Always explicit: a deployed node sends ground-truth counts only where its operator says so.
+node_config+=" ground-truth-diagnostics=$diagnostics"
 
 use_project_env
 exec flower-supernode "${security[@]}" --superlink "$superlink" --port "$port" --node-config "$node_config"

@@ -88,6 +88,20 @@ def keys_of(cls: type, prefix: str = "") -> list[str]:
     return keys
 
 
+def typed_keys(cls: type, prefix: str = "") -> dict[str, Any]:
+    """Every record key a payload class uses (as ``keys_of``), with its field's type (``X | None``
+    unwrapped to ``X``)."""
+    typed: dict[str, Any] = {}
+    hints = _hints(cls)
+    for spec in fields(cls):
+        inner, _ = _unwrap_optional(hints[spec.name])
+        if _is_payload_class(inner):
+            typed.update(typed_keys(inner, _nested_prefix(spec, prefix)))
+        else:
+            typed[prefix + record_key(spec.name)] = inner
+    return typed
+
+
 def encode(payload: Any, prefix: str = "") -> dict[str, Value]:
     """The flat record of a payload instance (fields that are None are left out)."""
     record: dict[str, Value] = {}

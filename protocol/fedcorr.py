@@ -5,7 +5,8 @@
   keeps that model's per-sample losses as its state (they never leave it).
 - ``query.correct`` (arrays: the global model) with ``CorrectIns`` -> ``CorrectRes``: the client
   estimates its noise level (stage 1) and relabels, keeping the new labels as its state. Only counts
-  and mu_hat leave the client; ``Diagnostics`` (ground-truth counts) only in simulation.
+  and mu_hat leave the client; ``Diagnostics`` (ground-truth counts) only when the run asks and the
+  node allows it (a simulated node, or node config ``ground-truth-diagnostics=true``).
 """
 
 from __future__ import annotations
@@ -54,7 +55,7 @@ class CorrectIns(Checked):
     losses_since: the first round of this stage-1 iteration; kept local losses from an earlier
         round are stale (the client did not train in this iteration) and refused.
     seed: the run's seed (the client derives its loss-GMM seed from it and its partition id).
-    diagnostics: return ground-truth counts where the node knows its true labels (simulation).
+    diagnostics: return ground-truth counts where the node knows its true labels and allows sending them.
     """
 
     mode: str = option(Options(MODES))
@@ -70,7 +71,8 @@ class CorrectIns(Checked):
 
 @dataclass(frozen=True)
 class Diagnostics:
-    """Ground-truth counts over the samples whose true label the node knows (simulation only).
+    """Ground-truth counts over the samples whose true label the node knows (only from a node that
+    allows them: ``client.node.sends_ground_truth``).
 
     known, wrong_before, wrong_after: samples with a known true label; of them, wrong before and
         after this correction. changed, changed_correct: labels changed; of them, now right.

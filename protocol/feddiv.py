@@ -5,7 +5,8 @@
 samples; in the main phase it splits its samples with the global filter, relabels confident noisy
 ones, keeps the predictively consistent ones and trains on them, then fits its local filter. The
 reply's ``FedDivRes`` (under ``feddiv``) carries the local filter (6 floats), the estimated noise
-level and counts; ``Diagnostics`` (ground-truth counts) only in simulation. Never per-sample values.
+level and counts; ``Diagnostics`` (ground-truth counts) only from a node that allows them (a simulated
+node, or node config ``ground-truth-diagnostics=true``). Never per-sample values.
 """
 
 from __future__ import annotations
@@ -86,7 +87,7 @@ class FedDivIns(Checked):
 
 @dataclass(frozen=True)
 class Diagnostics:
-    """Ground-truth counts of one main-phase round (simulation only).
+    """Ground-truth counts of one main-phase round (only from a node that allows them).
 
     known: samples with a known true label; wrong: of them, given a wrong label.
     split_tp, split_fp, split_fn, split_tn: the filter's split against the truth (flagged noisy and

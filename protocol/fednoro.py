@@ -3,9 +3,10 @@
 - ``train`` with plug-in ``fednoro`` and ``FedNoRoIns``: local training with the logit-adjusted
   loss; a client the server flagged noisy also distils the global model with weight ``kd_weight``.
 - ``query.class_loss`` (arrays: the warmed-up global model; config: ``ClassLossIns``) ->
-  ``ClassLossRes``: the model's mean cross-entropy per class of the client's given labels, and how
-  many samples each class has. One C-vector of floats and one of counts per detection (once per run
-  by default): never per-sample values or labels.
+  ``ClassLossRes``: the model's mean cross-entropy per class of the client's given labels, and which
+  classes the client has (a 0/1 mask; per-class sample counts instead when the instruction asks). One
+  C-vector of floats and one of integers per detection (once per run by default): never per-sample
+  values or labels.
 """
 
 from __future__ import annotations
@@ -32,11 +33,13 @@ class ClassLossIns(Checked):
     """A ``query.class_loss`` instruction.
 
     transform: ``eval`` | ``train`` (``DETECT_TRANSFORMS``). server_round: the round the detection
-        precedes (seeds the training augmentation's draw).
+        precedes (seeds the training augmentation's draw). counts: reply with each class's sample
+        count instead of the present-class mask.
     """
 
     transform: str = option(Options(DETECT_TRANSFORMS))
     server_round: int = option(Interval(int, 0), default=0)
+    counts: bool = option(Flag(), default=False)
 
 
 @dataclass(frozen=True)
@@ -59,8 +62,15 @@ class FedNoRoIns(Checked):
 
 @dataclass(frozen=True)
 class ClassLossRes:
-    """A ``query.class_loss`` reply: per class c of the given labels, the sample count and the mean
-    cross-entropy of the sent model (0.0 where the count is 0: the class is missing)."""
+    """A ``query.class_loss`` reply: per class c of the given labels, the mean cross-entropy of the
+    sent model (0.0 for a class the client lacks), and either ``present`` (1 where the client has
+    the class, else 0) or, when the instruction asks, ``counts`` (its samples of the class)."""
 
-    counts: tuple[int, ...]
     losses: tuple[float, ...]
+    present: tuple[int, ...] | None = None
+    counts: tuple[int, ...] | None = None
+
+    def presence(self) -> tuple[int, ...]:
+        """1 where the client has the class, else 0 (from whichever of the two it sent)."""
+        given = self.present if self.present is not None else self.counts
+        return tuple(int(value > 0) for value in given or ())

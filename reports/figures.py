@@ -192,7 +192,7 @@ def confusion_figure(run: Run, clients: list[int] | None = None) -> Figure | Non
     """Fig. 8: the (true label, label held) counts before correction, after stage 1 and after stage 2,
     summed over ``clients`` (default: the truly noisy clients, or all that reported under real noise),
     each row as % of its true class."""
-    block = (run.fedcorr or {}).get("confusion") or {}
+    block = run.confusion
     if not block:
         return None
     chosen = clients if clients is not None else (run.fedcorr or {}).get("true_noisy_clients")

@@ -1,5 +1,6 @@
 """Run directories as ``sim.py`` leaves them, read back: results.json, its config and its rounds (from
-rounds.jsonl while a run is in progress or was killed).
+rounds.jsonl while a run is in progress or was killed), and FedCorr's per-client confusion counts
+(confusion.npz).
 
 A path may be one run (it holds results.json), a Hydra multirun folder (its runs.txt lists the jobs'
 out_dirs, written by ``sim.py -m``), or any folder with runs below it (bench/ output trees).
@@ -13,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from common.errors import InvalidValue
-from common.run_files import RESULTS, read_payload
+from common.run_files import RESULTS, read_confusion, read_payload
 
 MULTIRUN_INDEX = "runs.txt"
 # Keys that tell runs of one configuration apart without changing it: they are not grouped on.
@@ -46,6 +47,16 @@ class Run:
     def fedcorr(self) -> dict[str, Any] | None:
         """FedCorr's block (detection, noise estimates, per-iteration LIDs), if the run has one."""
         return self.payload.get("fedcorr")
+
+    @property
+    def confusion(self) -> dict[str, dict[str, list[int]]]:
+        """Per client (id as a string), its (true label, label held) counts, row-major, at each point
+        it reported (``common.run_files.CONFUSION_POINTS``): from confusion.npz, or from the
+        ``fedcorr`` block of a results.json written before the counts had a file of their own."""
+        inline = (self.fedcorr or {}).get("confusion")
+        if isinstance(inline, dict) and "file" not in inline:
+            return inline
+        return read_confusion(self.path)
 
     @property
     def method_block(self) -> dict[str, Any] | None:

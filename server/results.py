@@ -4,7 +4,8 @@ Each finished round appends one line to ``rounds.jsonl`` and one to ``rounds.csv
 small ``results.json`` (config, summary, the latest confusion matrix; ``"complete": false``), so a
 round costs the same at round 1,000 as at round 1, and a run killed at any point leaves readable
 files. When the run ends, results.json gets every round and the method's blocks and
-``"complete": true``. ``read_payload`` reads a run in either state. Its ``test_confusion`` block is
+``"complete": true``, and arrays too large for it go to files beside it (``confusion.npz``: the
+clients' label confusion counts). ``read_payload`` reads a run in either state. Its ``test_confusion`` block is
 the confusion matrix of the latest central evaluation (at the end: the final round's), which shows
 what an accuracy alone hides: a collapsed model, or a class map learnt shifted under pair-flip noise.
 
@@ -19,16 +20,19 @@ import io
 import json
 import math
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from common.atomic_files import write_json_atomic, write_text_atomic
-from common.run_files import RESULTS, ROUNDS_JSONL, read_payload
+from common.atomic_files import write_json_atomic, write_npz, write_text_atomic
+from common.run_files import CONFUSION, RESULTS, ROUNDS_JSONL, read_payload
 
 ROUNDS_CSV = "rounds.csv"
 ROUND_FIELDS = ("round", "stage", "test_acc", "test_loss", "clients", "comm_cost", "train_loss", "elapsed_s")
+ARRAY_FILES = (CONFUSION,)
+"""The array files a run may write beside results.json when it ends."""
 
 
 def summarise(rounds: list[dict[str, Any]], wall_s: float) -> dict[str, Any]:
@@ -64,6 +68,9 @@ class ResultsWriter:
         self.confusion: dict[str, Any] | None = None if state is None else state["confusion"]
         self.before = 0.0 if state is None else float(state["elapsed_s"])
         self.start = time.perf_counter()
+        if state is None:  # a fresh run: no array file of an earlier run in this folder stays beside its results
+            for name in ARRAY_FILES:
+                (self.dir / name).unlink(missing_ok=True)
         write_text_atomic(self.dir / ROUNDS_JSONL, "".join(_json_line(row) for row in self.rounds))
         write_text_atomic(self.dir / ROUNDS_CSV, _csv_lines([ROUND_FIELDS, *map(_csv_row, self.rounds)]))
         self._write(complete=False)
@@ -117,6 +124,19 @@ class ResultsWriter:
             writer = csv.DictWriter(out, fieldnames=columns)
             writer.writeheader()
             writer.writerows(rows)
+
+    def write_arrays(self, files: Mapping[str, Mapping[str, np.ndarray]]) -> None:
+        """The run's array files beside results.json (name -> its arrays), each appearing whole
+        (``write_npz``); an array file this run does not write is removed, so none is left from an
+        earlier run in the folder."""
+        unknown = sorted(set(files) - set(ARRAY_FILES))
+        if unknown:
+            raise ValueError(f"array files {unknown} are not results files: allowed are {list(ARRAY_FILES)}")
+        for name in ARRAY_FILES:
+            if name in files:
+                write_npz(self.dir / name, files[name])
+            else:
+                (self.dir / name).unlink(missing_ok=True)
 
     def finish(self, **extra: Any) -> dict[str, Any]:
         """Mark the run complete, with every round and the method-specific blocks (``fedcorr={...}``)."""

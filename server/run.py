@@ -238,6 +238,7 @@ def run_server(grid: Grid, plan: RunPlan) -> dict[str, Any]:
     blocks = strategy.result_blocks()
     for name, block in blocks.items():
         results.write_table(f"{name}_clients.csv", block.get("clients", []))
+    results.write_arrays(strategy.result_arrays())
     return results.finish(**blocks, attempts=attempts_block(settings, strategy, start.lineage, results.rounds))
 
 

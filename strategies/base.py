@@ -10,6 +10,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, ClassVar, TypeVar
 
+import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Result, Strategy
@@ -209,6 +210,10 @@ class FederatedStrategy(Strategy):
 
     def result_blocks(self) -> dict[str, Any]:
         """The strategy's own blocks of results.json (e.g. FedCorr's detection metrics)."""
+        return {}
+
+    def result_arrays(self) -> dict[str, dict[str, np.ndarray]]:
+        """The strategy's arrays too large for results.json, by file (FedCorr's ``confusion.npz``)."""
         return {}
 
     def stage_ends(self) -> list[int]:

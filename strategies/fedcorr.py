@@ -262,6 +262,11 @@ class FedCorr(FederatedStrategy):
         blocks = self.stage3.result_blocks() if self.stage3 is not None else {}
         return {**blocks, "fedcorr": self.monitor.results()} if self.monitor else blocks
 
+    def result_arrays(self) -> dict[str, dict[str, np.ndarray]]:
+        """Stage 3's array files (if it runs) and the clients' confusion counts (``confusion.npz``)."""
+        files = self.stage3.result_arrays() if self.stage3 is not None else {}
+        return {**files, **self.monitor.arrays()} if self.monitor else files
+
     def stages12_rounds(self) -> int:
         """The rounds of stages 1 and 2."""
         return self.settings.stages12_rounds(len(self.federation.partition_ids))

@@ -2,9 +2,13 @@
 
 A deployed server has no ground truth: then only what FedCorr itself estimates (LID scores, the
 detected clients, mu_hat) is recorded. On a dataset whose labels are noisy themselves (real noise,
-``GroundTruth.real_noise``) no client is noisy by construction: detection is not applicable and is
-reported as null with the reason, and the label-noise figures count the samples with a known true
-label only (``label_noise_measured_on`` names them).
+``GroundTruth.real_noise``) no client is noisy by construction, and in a scene without noise no client
+is noisy at all: detection is not applicable and is reported as null with the reason. The label-noise
+figures count the samples with a known true label only (``label_noise_measured_on`` names them) and
+come from the clients' ground-truth counts; when a client whose truth the scene knows sends none (a
+deployed node that does not allow them), every figure built from them is null with the reason
+(``label_noise_not_available``). The per-client confusion counts go to ``confusion.npz``
+(``arrays()``), not to results.json.
 """
 
 from __future__ import annotations
@@ -14,8 +18,9 @@ from typing import Any
 
 import numpy as np
 
+from common.run_files import CONFUSION, confusion_arrays
 from protocol.fedcorr import CorrectRes
-from strategies.detection import REAL_NOISE_REASON, detection_scores, mean_abs_error
+from strategies.detection import mean_abs_error, missing_diagnostics, not_applicable, scored_detection
 from strategies.ground_truth import GroundTruth
 
 SPLIT_KEYS = ("split_tp", "split_fp", "split_fn", "split_tn")
@@ -49,24 +54,26 @@ class FedCorrMonitor:
         # Labels changed, and changed to the true label, per correction step ("stage1", "stage2").
         self.changed: dict[str, int] = {}
         self.changed_correct: dict[str, int] = {}
+        # Clients whose truth the scene knows but that answered a correction without ground-truth
+        # counts: from then on the label-noise figures are unknown.
+        self.missing: set[int] = set()
         self.label_noise: dict[str, float | None] = {"before": self._overall_noise()}
         # Per client: the confusion counts before its first correction and after its latest of each
         # stage (row-major M x M), and its latest stage-1 sample split against the truth.
-        self.confusion: dict[int, dict[str, list[int]]] = {}
+        self.confusion: dict[int, dict[str, np.ndarray]] = {}
         self.split: dict[int, dict[str, int]] = {}
 
     def _overall_noise(self) -> float | None:
-        """The share of wrong labels over every sample with a known true label."""
-        if not self.truth:
+        """The share of wrong labels over every sample with a known true label (None once a client
+        whose truth is known has corrected without telling how)."""
+        if not self.truth or self.missing:
             return None
         counted = [k for k in self.clients if self.truth.known[k] > 0]
         total = sum(self.truth.known[k] for k in counted)
         return sum(self.noise[k] * self.truth.known[k] for k in counted) / total if total else None
 
     def _detection(self, detected: Iterable[int]) -> dict[str, float] | None:
-        if not self.truth or self.truth.real_noise:
-            return None
-        return detection_scores(detected, self.truth.noisy_clients)
+        return scored_detection(detected, self.truth)
 
     def end_iteration(
         self,
@@ -93,7 +100,7 @@ class FedCorrMonitor:
             # client's labels did not change in this iteration.
             self.estimated_on = {k: self._before_correction.get(k, self.noise[k]) for k in self.clients}
             estimates = {k: self.mu_hat.get(k, 0.0) for k in self.clients}
-            record["noise_estimate_mae"] = mean_abs_error(estimates, self.estimated_on)
+            record["noise_estimate_mae"] = None if self.missing else mean_abs_error(estimates, self.estimated_on)
             record["noise_estimate_mae_original"] = mean_abs_error(estimates, self.truth.true_noise)
             record["detection"] = self._detection(detected)
             record["label_noise"] = self._overall_noise()
@@ -109,17 +116,21 @@ class FedCorrMonitor:
         print(line, flush=True)
 
     def corrected(self, replies: Mapping[int, CorrectRes], mode: str) -> None:
-        """Fold in the ground-truth diagnostics clients return from ``query.correct`` in ``mode``."""
+        """Fold in the ground-truth diagnostics clients return from ``query.correct`` in ``mode``; note
+        the clients whose truth is known that returned none."""
         for pid, res in replies.items():
             counts = res.diagnostics
+            if counts is None and self.truth and self.truth.known.get(pid, 0) > 0:
+                self.missing.add(pid)
             if counts is not None and counts.known > 0:
                 self._before_correction[pid] = counts.wrong_before / counts.known
                 self.noise[pid] = counts.wrong_after / counts.known
                 self.changed[mode] = self.changed.get(mode, 0) + counts.changed
                 self.changed_correct[mode] = self.changed_correct.get(mode, 0) + counts.changed_correct
                 if counts.confusion_before is not None and counts.confusion_after is not None:
-                    matrices = self.confusion.setdefault(pid, {"before": list(counts.confusion_before)})
-                    matrices[f"after_{mode}"] = list(counts.confusion_after)
+                    matrices = self.confusion.setdefault(
+                        pid, {"before": np.asarray(counts.confusion_before, dtype=np.int64)})
+                    matrices[f"after_{mode}"] = np.asarray(counts.confusion_after, dtype=np.int64)
                 if counts.split_tp is not None:
                     self.split[pid] = {key: getattr(counts, key) for key in SPLIT_KEYS}
 
@@ -150,12 +161,14 @@ class FedCorrMonitor:
                 estimate = self.mu_hat.get(pid, 0.0)
                 on = self.estimated_on.get(pid, self.truth.true_noise[pid])
                 original = self.truth.true_noise[pid]
+                # A client that corrected without ground-truth counts: its labels' noise is unknown since.
+                unknown = pid in self.missing
                 row.update({
                     "n": self.truth.sizes[pid], "n_known": self.truth.known[pid],
                     "true_noisy": None if self.truth.real_noise else pid in self.truth.noisy_clients,
-                    "true_noise_before": original, "true_noise_estimated_on": on,
-                    "true_noise_after": self.noise[pid],
-                    "mu_hat_error": abs(estimate - on) if np.isfinite(on) else None,
+                    "true_noise_before": original, "true_noise_estimated_on": None if unknown else on,
+                    "true_noise_after": None if unknown else self.noise[pid],
+                    "mu_hat_error": abs(estimate - on) if np.isfinite(on) and not unknown else None,
                     "mu_hat_error_original": abs(estimate - original) if np.isfinite(original) else None,
                     **{key: self.split.get(pid, {}).get(key) for key in SPLIT_KEYS},
                 })
@@ -172,20 +185,28 @@ class FedCorrMonitor:
         }
         if self.truth:
             estimates = {k: self.mu_hat.get(k, 0.0) for k in self.clients}
-            real = self.truth.real_noise
             changed, correct = sum(self.changed.values()), sum(self.changed_correct.values())
+            unknown = missing_diagnostics(self.missing)
             block.update({
-                "true_noisy_clients": None if real else sorted(self.truth.noisy_clients),
+                "true_noisy_clients": None if self.truth.real_noise else sorted(self.truth.noisy_clients),
                 "detection": self._detection(self.detected),
-                "detection_not_applicable": REAL_NOISE_REASON if real else None,
-                "noise_estimate_mae": mean_abs_error(estimates, self.estimated_on or self.truth.true_noise),
+                "detection_not_applicable": not_applicable(self.truth),
+                "noise_estimate_mae": None if unknown else mean_abs_error(estimates,
+                                                                          self.estimated_on or self.truth.true_noise),
                 "noise_estimate_mae_original": mean_abs_error(estimates, self.truth.true_noise),
                 "label_noise": dict(self.label_noise),
                 "label_noise_measured_on": self.truth.label_subset(),
-                "relabel_precision": correct / changed if changed else None,
-                "relabeled": changed,
-                "relabel_by_step": {mode: {"relabeled": n, "precision": self.changed_correct[mode] / n if n else None}
-                                    for mode, n in self.changed.items()},
-                "confusion": {str(pid): matrices for pid, matrices in sorted(self.confusion.items())},
+                "relabel_precision": None if unknown or not changed else correct / changed,
+                "relabeled": None if unknown else changed,
+                "relabel_by_step": None if unknown else {
+                    mode: {"relabeled": n, "precision": self.changed_correct[mode] / n if n else None}
+                    for mode, n in self.changed.items()},
+                "label_noise_not_available": unknown,
+                # The counts themselves are in confusion.npz (``arrays``): M x M per client and point.
+                "confusion": {"file": CONFUSION, "clients": len(self.confusion)} if self.confusion else None,
             })
         return block
+
+    def arrays(self) -> dict[str, dict[str, np.ndarray]]:
+        """The run folder's array files (name -> arrays): the clients' confusion counts, if any came."""
+        return {CONFUSION: confusion_arrays(self.confusion)} if self.confusion else {}

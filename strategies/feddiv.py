@@ -30,7 +30,7 @@ from protocol.feddiv import PLUGIN, FedDivClientSettings, FedDivIns, FedDivRes
 from protocol.messages import TRAIN, TrainIns, instruction, read_extra
 from strategies.base import TrainReply
 from strategies.context import StrategyContext
-from strategies.detection import counted_scores, detection_block, mean_abs_error
+from strategies.detection import counted_scores, detection_block, mean_abs_error, missing_diagnostics
 from strategies.fedavg import FedAvg
 from strategies.federation import Federation
 from strategies.ground_truth import GroundTruth
@@ -46,6 +46,8 @@ VARIANCE_AGGREGATIONS = ("linear", "squared")
 # The warm-up's schedule: one client per round, each once per iteration (``sequential``, the code),
 # or ordinary rounds of omega N sampled clients (``rounds``, T_wu / omega of them as the paper counts).
 WARMUP_SCHEDULES = ("sequential", "rounds")
+NO_WRONG_LABEL_REASON = ("no sample the clients split has a wrong label: there is nothing to flag, so recall and F1 "
+                         "are undefined")
 
 
 @dataclass(frozen=True)
@@ -106,10 +108,13 @@ class FedDivMonitor:
     """What FedDiv believes about its clients, and with ground truth how right it is: per client its
     latest noise estimate delta_hat (>= the clean-client threshold: treated as noisy), the sample
     split, the relabelling and the label noise of what clients trained on. ``results()`` is the
-    ``feddiv`` block of results.json."""
+    ``feddiv`` block of results.json. A client whose truth the scene knows but that reports without
+    ground-truth counts (a deployed node that does not allow them) makes every figure built from
+    them null, with the reason (``label_noise_not_available``)."""
 
     def __init__(self, clients: list[int], threshold: float, truth: GroundTruth | None) -> None:
         self.clients, self.threshold, self.truth = list(clients), threshold, truth
+        self.missing: set[int] = set()
         self.estimates: dict[int, float] = {}
         self.totals: dict[str, int] = {}
         self.class_totals: dict[str, np.ndarray] = {}
@@ -120,6 +125,8 @@ class FedDivMonitor:
         """Fold in a main round's reports and the new global filter."""
         for pid, report in reports.items():
             self.estimates[pid] = report.noise_estimate
+            if report.diagnostics is None and self.truth and self.truth.known.get(pid, 0) > 0:
+                self.missing.add(pid)
             counts = {"relabeled": report.relabeled, "trained": report.trained,
                       **(asdict(report.diagnostics) if report.diagnostics else {})}
             for key, value in counts.items():
@@ -146,15 +153,24 @@ class FedDivMonitor:
             "relabeled": t.get("relabeled", 0),
             "trained_samples": t.get("trained", 0),
         }
+        unknown = missing_diagnostics(self.missing)
+        if self.truth and unknown:
+            block.update({"noise_estimate_mae": mean_abs_error(self.estimates, self.truth.true_noise),
+                          "sample_split": None, "sample_split_not_applicable": unknown, "relabel_precision": None,
+                          "label_noise": None, "per_class": None, "label_noise_not_available": unknown})
+            return block
         if self.truth and "known" in t:
+            wrong = t["split_tp"] + t["split_fn"]
             block.update({
                 "noise_estimate_mae": mean_abs_error(self.estimates, self.truth.true_noise),
-                # Flagging wrong labels: the filter's split against the truth, summed over rounds.
-                "sample_split": counted_scores(t["split_tp"], t["split_tp"] + t["split_fp"],
-                                               t["split_tp"] + t["split_fn"]),
+                # Flagging wrong labels: the filter's split against the truth, summed over rounds; with
+                # no wrong label to find its recall and F1 are undefined.
+                "sample_split": counted_scores(t["split_tp"], t["split_tp"] + t["split_fp"], wrong) if wrong else None,
+                "sample_split_not_applicable": None if wrong else NO_WRONG_LABEL_REASON,
                 "relabel_precision": t["relabeled_correct"] / t["relabeled"] if t["relabeled"] else None,
                 "label_noise": {"given": t["wrong"] / t["known"] if t["known"] else None,
                                 "trained": t["trained_wrong"] / t["trained"] if t["trained"] else None},
+                "label_noise_not_available": None,
             })
         if self.truth and "class_known" in self.class_totals:
             c = self.class_totals

@@ -3,7 +3,8 @@ detection, then distillation on noisy clients and distance-aware aggregation.
 
 Warm-up (the first T1 rounds): FedAvg, every client trains with the logit-adjusted loss.
 Detection (once, before round T1 + 1): every client, sampled or not, answers ``query.class_loss``
-with the warmed-up global model's per-class mean loss on its given labels; the server votes a
+with the warmed-up global model's per-class mean loss on its given labels and which classes it has
+(a mask; per-class counts with ``detect_counts``, read as the same mask); the server votes a
 2-component mixture over them (``strategies.fednoro_detection``): S_n, the noisy clients. With
 ``redetect_every = r`` the detection is repeated every r rounds after it and S_n replaced.
 Then each round clean clients keep the logit-adjusted loss and noisy ones add distillation from
@@ -75,6 +76,8 @@ class FedNoRoSettings(RoundSettings):
     detect_transform: str = option(Options(DETECT_TRANSFORMS), "the detection losses' images: eval | train")
     redetect_every: int | None = option(Interval(int, 1, or_none=True),
                                         "null detects once; r: again every r rounds after the first detection")
+    detect_counts: bool = option(Flag(), "the detection reply: false a present-class mask (the spec) | true "
+                                         "per-class sample counts (read as the same mask)")
 
     def check_options(self, context: StrategyContext) -> None:
         """The warm-up must end before the run does and before lambda's ramp ends."""
@@ -189,16 +192,18 @@ class FedNoRo(FedAvg):
 
     def detect(self, grid: Grid, arrays: ArrayRecord, server_round: int = 0) -> None:
         """Every client's per-class losses of the current global model, and the voted noisy set S_n."""
-        query = instruction(ClassLossIns(self.settings.detect_transform, server_round), arrays=arrays)
+        counts = self.settings.detect_counts
+        query = instruction(ClassLossIns(self.settings.detect_transform, server_round, counts=counts), arrays=arrays)
         replies = self.exchange(grid, dict.fromkeys(self.federation.partition_ids, query), CLASS_LOSS,
-                                _read_class_losses)
+                                lambda content, sender: read_class_losses(content, sender, counts))
         self.queries += len(replies)
         pids = sorted(replies)
-        widths = {len(replies[pid].counts) for pid in pids}
+        widths = {len(replies[pid].losses) for pid in pids}
         if len(widths) != 1:
-            raise ProtocolError("the clients", "counts", f"have different lengths {sorted(widths)}")
+            raise ProtocolError("the clients", "losses", f"have different lengths {sorted(widths)}")
+        # Only which classes a client has enters the detection: a count is read as its mask.
         matrix = normalised_class_losses(np.array([replies[pid].losses for pid in pids]),
-                                         np.array([replies[pid].counts for pid in pids]))
+                                         np.array([replies[pid].presence() for pid in pids]))
         # The first detection's stream keeps its name; a re-detection's is named by its round.
         stream = "fednoro-detection" if not self.detections else f"fednoro-detection/{self.stage_rounds}"
         seeds = [int(s) for s in rng_for(self.context.seed, stream).integers(2**31, size=self.settings.gmm_runs)]
@@ -233,10 +238,18 @@ class FedNoRo(FedAvg):
         return {"fednoro": block}
 
 
-def _read_class_losses(content: RecordDict, sender: str) -> ClassLossRes:
+def read_class_losses(content: RecordDict, sender: str, counts: bool) -> ClassLossRes:
+    """A checked ``query.class_loss`` reply: finite losses and, per class loss, the count the server
+    asked for (``counts``) or else the 0/1 mask, and not the other."""
     res = read_reply(content, ClassLossRes, sender)
-    if len(res.counts) != len(res.losses) or any(c < 0 for c in res.counts):
-        raise ProtocolError(sender, "counts", "must be one count >= 0 per class loss")
+    key, given, other = ("counts", res.counts, res.present) if counts else ("present", res.present, res.counts)
+    if given is None:
+        raise ProtocolError(sender, key, "is missing")
+    if other is not None:
+        raise ProtocolError(sender, "present" if counts else "counts", "was not asked for")
+    allowed = "one count >= 0" if counts else "one 0 or 1"
+    if len(given) != len(res.losses) or any(value < 0 or (not counts and value > 1) for value in given):
+        raise ProtocolError(sender, key, f"must be {allowed} per class loss")
     if not all(np.isfinite(res.losses)):
         raise ProtocolError(sender, "losses", "must be finite numbers")
     return res

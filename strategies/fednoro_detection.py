@@ -1,8 +1,8 @@
 """FedNoRo's noisy-client detection (``docs/fednoro.md``): a 2-component Gaussian
 mixture on the clients' per-class loss vectors of the warmed-up global model, voted over several fits.
 
-Each client reports, per class of its given labels, the global model's mean cross-entropy (and how
-many samples the class has). A class a client lacks counts as clean: its entry becomes the column's
+Each client reports, per class of its given labels, the global model's mean cross-entropy (and
+whether it has the class). A class a client lacks counts as clean: its entry becomes the column's
 minimum. Each class column is min-max normalised across clients, so every class weighs the same;
 the mixture's component whose mean vector has the larger sum is the noisy one. The split is fitted
 ``runs`` times with different seeds and the most frequent split wins.
@@ -15,12 +15,12 @@ from collections import Counter
 import numpy as np
 
 
-def normalised_class_losses(losses: np.ndarray, counts: np.ndarray) -> np.ndarray:
-    """The N x C matrix the mixture is fitted on: a missing entry (count 0) is its column's minimum
-    over the clients that have the class, then every column is min-max normalised (a constant
-    column, or one no client has, is 0)."""
+def normalised_class_losses(losses: np.ndarray, present: np.ndarray) -> np.ndarray:
+    """The N x C matrix the mixture is fitted on: a missing entry (``present`` 0: a 0/1 mask, or
+    counts) is its column's minimum over the clients that have the class, then every column is
+    min-max normalised (a constant column, or one no client has, is 0)."""
     losses = np.asarray(losses, dtype=np.float64)
-    present = np.asarray(counts) > 0
+    present = np.asarray(present) > 0
     matrix = np.zeros_like(losses)
     for c in range(losses.shape[1]):
         column = losses[present[:, c], c]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import os
 
 import pytest
@@ -57,14 +58,24 @@ def incoming(flower_identity):
     return build
 
 
+@functools.cache
+def num_clients(overrides: str) -> int:
+    """The federation size ``overrides`` compose to."""
+    from settings.compose import compose_config
+
+    return int(compose_config(overrides.split())["num_clients"])
+
+
 @pytest.fixture
 def node_context():
-    """A simulated node's context: ``node_context(overrides, partition_id)``."""
+    """A simulated node's context, its node config as Flower's simulation runtime gives it:
+    ``node_context(overrides, partition_id)``."""
     from flwr.app import Context, RecordDict
 
     def build(overrides: str, partition_id: int):
-        return Context(run_id=1, node_id=77, node_config={"partition-id": partition_id}, state=RecordDict(),
-                       run_config={"overrides": overrides})
+        return Context(run_id=1, node_id=77,
+                       node_config={"partition-id": partition_id, "num-partitions": num_clients(overrides)},
+                       state=RecordDict(), run_config={"overrides": overrides})
 
     return build
 

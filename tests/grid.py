@@ -30,7 +30,8 @@ class LocalGrid(Grid):
     """``num_nodes`` nodes running ``client_app``; node k holds partition k.
 
     run_config: every node's ``context.run_config`` (``{"overrides": "..."}``).
-    node_configs: per-partition changes to a node's ``node_config`` (e.g. a ``state-dir``).
+    node_configs: per-partition changes to a node's ``node_config`` (e.g. a ``state-dir``); a key set
+        to None is removed (``num-partitions``: a node as a deployed SuperNode's config has it).
     seed: draws the random 64-bit node ids, as Flower gives nodes random ids.
     """
 
@@ -39,9 +40,11 @@ class LocalGrid(Grid):
         ids = np.random.default_rng(seed).choice(2**62, size=num_nodes, replace=False) + 2
         self.client_app = client_app
         self.node_ids = [int(node) for node in ids]
+        configs = {pid: {"partition-id": pid, "num-partitions": num_nodes, **(node_configs or {}).get(pid, {})}
+                   for pid in range(num_nodes)}
         self.contexts = {
-            node: Context(run_id=1, node_id=node, node_config={"partition-id": pid, "num-partitions": num_nodes,
-                                                               **(node_configs or {}).get(pid, {})},
+            node: Context(run_id=1, node_id=node,
+                          node_config={key: value for key, value in configs[pid].items() if value is not None},
                           state=RecordDict(), run_config=dict(run_config))
             for pid, node in enumerate(self.node_ids)
         }

@@ -1,13 +1,14 @@
 """FedCorr's metrics against ground truth: the honest noise-estimate error, and real label noise."""
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
 
 from data.scene import Scene
 from protocol.fedcorr import CorrectRes, Diagnostics
-from strategies.detection import REAL_NOISE_REASON
+from strategies.detection import NO_NOISY_REASON, REAL_NOISE_REASON, detection_block, missing_diagnostics
 from strategies.fedcorr_metrics import FedCorrMonitor
 from strategies.ground_truth import GroundTruth
 
@@ -93,3 +94,58 @@ def test_synthetic_noise_keeps_detection():
     block = monitor.results()
     assert block["detection"] == {"precision": 1.0, "recall": 1.0, "f1": 1.0}
     assert block["detection_not_applicable"] is None and block["label_noise_measured_on"] == "all 200 samples"
+
+
+def test_without_any_noisy_client_detection_is_null_with_the_reason_not_0():
+    """At (rho, tau) = (0, 0) nothing is noisy: flagging a client would score F1 0 and flagging none
+    F1 1, either of which a table would average in."""
+    for detected in ([0], []):
+        monitor = FedCorrMonitor([0, 1], truth({0: 0.0, 1: 0.0}))
+        monitor.end_iteration(1, {0: 9.0, 1: 5.0}, {0: 9.0, 1: 5.0}, detected, {0: 0.1, 1: 0.0})
+        block = json.loads(json.dumps(monitor.results()))
+        assert block["detection"] is None and block["detection_not_applicable"] == NO_NOISY_REASON
+        assert monitor.iterations[0]["detection"] is None
+        assert block["true_noisy_clients"] == [] and block["detected_noisy_clients"] == detected
+        assert block["label_noise"]["before"] == 0.0, "the rest is scored as usual"
+    # The other methods report through the same block.
+    clean = truth({0: 0.0, 1: 0.0, 2: 0.0})
+    assert detection_block([1], clean) == {"detected_noisy_clients": [1], "true_noisy_clients": [],
+                                           "detection": None, "detection_not_applicable": NO_NOISY_REASON}
+    assert detection_block([1], truth({0: 0.0, 1: 0.3}))["detection"] == {"precision": 1.0, "recall": 1.0,
+                                                                         "f1": 1.0}
+
+
+def test_a_fedcorr_run_without_noise_reports_no_detection_score(run_inprocess):
+    from reports.runs import Run
+    from reports.tables import table_rows
+
+    payload, _ = run_inprocess("experiment=smoke strategy=fedcorr strategy.t1=1 strategy.t2=1 strategy.t3=1 "
+                               "noise.rho=0 noise.tau=0")
+    block = payload["fedcorr"]
+    assert block["true_noisy_clients"] == [] and block["detected_noisy_clients"], "the paper's split always splits"
+    assert block["detection"] is None and block["detection_not_applicable"] == NO_NOISY_REASON
+    assert all(record["detection"] is None for record in block["iterations"])
+    (row,) = table_rows({"clean": [Run(Path("run"), payload)]}, target=0.5)
+    assert row["detection F1"] == "-"
+
+
+def test_a_correction_without_ground_truth_counts_nulls_the_figures_that_need_them():
+    monitor = FedCorrMonitor([0, 1], truth({0: 0.4, 1: 0.0}))
+    monitor.corrected({0: CorrectRes(n_relabeled=30, mu_hat=0.4)}, "stage1")
+    monitor.end_iteration(1, {0: 9.0, 1: 5.0}, {0: 9.0, 1: 5.0}, [0], {0: 0.4, 1: 0.0})
+    monitor.end_stage("after_stage1")
+    block = json.loads(json.dumps(monitor.results()))
+    assert block["label_noise_not_available"] == missing_diagnostics([0]) and "[0]" in missing_diagnostics([0])
+    assert block["label_noise"] == {"before": 0.2, "after_stage1": None}
+    assert block["relabeled"] is None and block["relabel_precision"] is None and block["relabel_by_step"] is None
+    assert block["noise_estimate_mae"] is None and monitor.iterations[0]["noise_estimate_mae"] is None
+    assert block["noise_estimate_mae_original"] == pytest.approx(0.0), "mu_hat against the scene's own truth"
+    assert block["detection"] == {"precision": 1.0, "recall": 1.0, "f1": 1.0}
+    rows = {row["client"]: row for row in block["clients"]}
+    assert rows[0]["true_noise_after"] is None and rows[0]["mu_hat_error"] is None
+    assert rows[1]["true_noise_after"] == 0.0
+    assert monitor.arrays() == {} and block["confusion"] is None
+    # A client with no known true label has nothing to send: no figure is lost for it.
+    partial = FedCorrMonitor([0, 1], truth({0: 0.4, 1: 0.0}, known=0))
+    partial.corrected({0: CorrectRes(n_relabeled=30, mu_hat=0.4)}, "stage1")
+    assert partial.results()["label_noise_not_available"] is None

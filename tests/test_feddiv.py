@@ -381,3 +381,41 @@ def test_a_smoke_run_with_the_released_codes_switches_runs_its_schedule_and_stil
     # The code's rules keep relabelling off until a client's 5th main-phase participation, which
     # 6 rounds of 3 out of 10 clients rarely reach; the filter still finds wrong labels.
     assert block["sample_split"]["precision"] > block["label_noise"]["given"]
+
+
+def _report(wrong: int, flagged_wrong: int, flagged_right: int, diagnostics_sent: bool = True) -> FedDivRes:
+    from protocol.feddiv import Diagnostics
+
+    counts = Diagnostics(known=10, wrong=wrong, split_tp=flagged_wrong, split_fp=flagged_right,
+                         split_fn=wrong - flagged_wrong, split_tn=10 - wrong - flagged_right, relabeled_correct=0,
+                         trained_wrong=0)
+    return FedDivRes(filter=NoiseFilter(0.2, 0.7, 0.01, 0.01, 0.6, 0.4), noise_estimate=0.3, relabeled=0, trained=10,
+                     diagnostics=counts if diagnostics_sent else None)
+
+
+def test_the_sample_split_is_null_with_the_reason_where_no_label_is_wrong_and_without_counts():
+    from strategies.detection import NO_NOISY_REASON, missing_diagnostics
+    from strategies.feddiv import NO_WRONG_LABEL_REASON, FedDivMonitor
+    from strategies.ground_truth import GroundTruth
+
+    def truth(noise: float) -> GroundTruth:
+        return GroundTruth(noisy_clients=frozenset({0, 1}) if noise else frozenset(), true_noise={0: noise, 1: noise},
+                           sizes={0: 10, 1: 10}, known={0: 10, 1: 10})
+
+    clean = FedDivMonitor([0, 1], 0.1, truth(0.0))
+    clean.round(1, {0: _report(0, 0, 3), 1: _report(0, 0, 2)}, NoiseFilter(0.2, 0.7, 0.01, 0.01, 0.6, 0.4))
+    block = clean.results()
+    assert block["sample_split"] is None and block["sample_split_not_applicable"] == NO_WRONG_LABEL_REASON
+    assert block["detection"] is None and block["detection_not_applicable"] == NO_NOISY_REASON
+    assert block["label_noise"] == {"given": 0.0, "trained": 0.0}
+    noisy = FedDivMonitor([0, 1], 0.1, truth(0.3))
+    noisy.round(1, {0: _report(3, 2, 1), 1: _report(3, 3, 0)}, NoiseFilter(0.2, 0.7, 0.01, 0.01, 0.6, 0.4))
+    assert noisy.results()["sample_split"] == pytest.approx({"precision": 5 / 6, "recall": 5 / 6, "f1": 5 / 6})
+    assert noisy.results()["detection"] == {"precision": 1.0, "recall": 1.0, "f1": 1.0}
+    unsent = FedDivMonitor([0, 1], 0.1, truth(0.3))
+    unsent.round(1, {0: _report(3, 2, 1), 1: _report(3, 3, 0, diagnostics_sent=False)},
+                 NoiseFilter(0.2, 0.7, 0.01, 0.01, 0.6, 0.4))
+    block = unsent.results()
+    assert block["label_noise_not_available"] == missing_diagnostics([1])
+    assert block["sample_split"] is None and block["label_noise"] is None and block["relabel_precision"] is None
+    assert block["noise_estimate_mae"] == pytest.approx(0.0), "delta_hat against the scene's own truth"

@@ -22,20 +22,48 @@ from task.learners.logit_adjusted import LogitAdjustedDistillation, class_log_pr
 
 
 def test_per_class_losses_average_each_class_and_mark_missing_ones():
-    res = per_class_losses(np.array([1.0, 3.0, 0.5, 2.0]), np.array([0, 0, 2, 2]), num_classes=3)
-    assert res.counts == (2, 0, 2)
-    assert res.losses == pytest.approx((2.0, 0.0, 1.25))
+    losses, labels = np.array([1.0, 3.0, 0.5, 2.0, 0.5]), np.array([0, 0, 2, 2, 2])
+    res = per_class_losses(losses, labels, num_classes=3)
+    assert res.present == (1, 0, 1) and res.counts is None
+    assert res.losses == pytest.approx((2.0, 0.0, 1.0))
+    counted = per_class_losses(losses, labels, num_classes=3, counts=True)
+    assert counted.counts == (2, 0, 3) and counted.present is None and counted.losses == res.losses
+    assert counted.presence() == res.presence() == (1, 0, 1)
 
 
-def test_class_losses_travel_as_float_and_count_lists():
-    res = ClassLossRes(counts=(2, 0, 2), losses=(2.0, 0.0, 1.25))
+def test_class_losses_travel_as_float_and_integer_lists():
+    res = ClassLossRes(losses=(2.0, 0.0, 1.25), present=(1, 0, 1))
     record = encode(res)
-    assert record == {"counts": [2, 0, 2], "losses": [2.0, 0.0, 1.25]}
+    assert record == {"present": [1, 0, 1], "losses": [2.0, 0.0, 1.25]}
     assert decode(ClassLossRes, record, "client 1") == res
+    assert encode(ClassLossRes(losses=(2.0, 0.0, 1.25), counts=(4, 0, 2))) == {"counts": [4, 0, 2],
+                                                                              "losses": [2.0, 0.0, 1.25]}
     # A whole number in a float vector is fine; a string or a bool is not.
     assert decode(ClassLossRes, {**record, "losses": [2, 0, 1]}, "client 1").losses == (2.0, 0.0, 1.0)
     with pytest.raises(ProtocolError, match="key 'losses' holds \\['a'\\]: expected a list of numbers"):
         decode(ClassLossRes, {**record, "losses": ["a"]}, "client 1")
+
+
+@pytest.mark.parametrize("record, counts, message", [
+    ({"losses": [1.0, 2.0], "present": [1, 1]}, False, None),
+    ({"losses": [1.0, 2.0], "counts": [3, 0]}, True, None),
+    ({"losses": [1.0, 2.0], "counts": [3, 0]}, False, "key 'present' is missing"),
+    ({"losses": [1.0, 2.0], "present": [1, 0]}, True, "key 'counts' is missing"),
+    ({"losses": [1.0, 2.0], "present": [1, 0], "counts": [3, 0]}, False, "key 'counts' was not asked for"),
+    ({"losses": [1.0, 2.0], "present": [1, 2]}, False, "key 'present' must be one 0 or 1 per class loss"),
+    ({"losses": [1.0, 2.0], "counts": [3]}, True, "key 'counts' must be one count >= 0 per class loss"),
+])
+def test_the_server_takes_only_the_class_presence_it_asked_for(record, counts, message):
+    from flwr.app import MetricRecord, RecordDict
+
+    from strategies.fednoro import read_class_losses
+
+    content = RecordDict({"metrics": MetricRecord(record)})
+    if message is None:
+        assert read_class_losses(content, "client 1", counts).presence() == (1, int(not counts))
+    else:
+        with pytest.raises(ProtocolError, match=message):
+            read_class_losses(content, "client 1", counts)
 
 
 def test_missing_classes_count_as_clean_and_columns_are_min_max_normalised():
@@ -184,6 +212,22 @@ def test_a_smoke_run_warms_up_detects_noisy_clients_better_than_chance_and_disti
     assert [d["after_round"] for d in block["detections"]] == [3]
 
 
+def test_counts_or_the_present_class_mask_give_the_same_detection_and_run(run_inprocess, tmp_path):
+    """The detection reads which classes a client has, nothing more: the same run with per-class
+    counts instead of the mask detects the same clients by the same scores and ends identically."""
+    overrides = "experiment=smoke strategy=fednoro strategy.num_rounds=6 strategy.warmup=2 strategy.redetect_every=2"
+    overrides += " strategy.kd_ramp_end=end"
+    masked, _ = run_inprocess(f"{overrides} out_dir={tmp_path / 'mask'}")
+    counted, _ = run_inprocess(f"{overrides} strategy.detect_counts=true out_dir={tmp_path / 'counts'}")
+    block = masked["fednoro"]
+    assert len(block["detections"]) == 2 and block["detection"] is not None
+    assert 0 < len(block["detected_noisy_clients"]) < 10
+    assert block == counted["fednoro"]
+    assert [row["test_acc"] for row in masked["rounds"]] == [row["test_acc"] for row in counted["rounds"]]
+    assert (tmp_path / "mask" / "fednoro_clients.csv").read_text() == (
+        tmp_path / "counts" / "fednoro_clients.csv").read_text()
+
+
 def test_redetection_repeats_the_query_every_r_rounds_and_replaces_the_noisy_set(run_inprocess):
     payload, _ = run_inprocess("experiment=smoke strategy=fednoro strategy.warmup=3 strategy.redetect_every=2")
     block = payload["fednoro"]
@@ -219,15 +263,17 @@ def test_a_client_keeps_no_state_a_recreated_node_trains_identically(prepared_ru
     again, fresh = train(used, 2), train(context(), 2)
     assert all(torch.equal(again[key], fresh[key]) for key in again)
     assert len(used.state.array_records) == 0, "nothing is kept between rounds"
-    def query(transform: str, server_round: int = 4) -> ClassLossRes:
-        content = instruction(ClassLossIns(transform, server_round), arrays=arrays)
+    def query(transform: str, server_round: int = 4, counts: bool = False) -> ClassLossRes:
+        content = instruction(ClassLossIns(transform, server_round, counts=counts), arrays=arrays)
         return read_reply(client_app.app(incoming(content, "query.class_loss"), context()).content, ClassLossRes,
                           "client 3")
 
-    losses = query("eval")
+    losses, counted = query("eval"), query("eval", counts=True)
     labels = scene.noisy_labels[scene.rows(3)]
-    assert losses.counts == tuple(int(c) for c in np.bincount(labels, minlength=10))
-    assert all(loss > 0 for loss, count in zip(losses.losses, losses.counts) if count)
+    assert counted.counts == tuple(int(c) for c in np.bincount(labels, minlength=10))
+    assert losses.present == tuple(int(c > 0) for c in counted.counts) and losses.counts is None
+    assert losses.losses == counted.losses
+    assert all(loss > 0 for loss, present in zip(losses.losses, losses.present) if present)
     # Digits train without augmentation: the training transform scores as the evaluation one.
     assert query("train") == losses
 
@@ -249,5 +295,5 @@ def test_the_detection_query_can_score_one_seeded_draw_of_the_training_augmentat
                           "client 3")
 
     plain, augmented = query("eval"), query("train")
-    assert augmented.counts == plain.counts and augmented.losses != plain.losses
+    assert augmented.present == plain.present and augmented.losses != plain.losses
     assert query("train") == augmented and query("train", server_round=5) != augmented

@@ -93,8 +93,9 @@ def test_figures_have_the_expected_series(smoke_runs):
 
 def test_confusion_and_split_figures_count_every_known_sample(smoke_runs):
     run = next(run for run in find_runs([str(smoke_runs)]) if run.strategy == "fedcorr")
-    block, rows = run.fedcorr["confusion"], {row["client"]: row for row in run.fedcorr["clients"]}
-    assert block, "the corrected clients reported their confusion counts"
+    block, rows = run.confusion, {row["client"]: row for row in run.fedcorr["clients"]}
+    assert block, "the corrected clients reported their confusion counts (confusion.npz)"
+    assert run.fedcorr["confusion"] == {"file": "confusion.npz", "clients": len(block)}
     for pid, matrices in block.items():
         for key, _ in STAGE_MATRICES:
             assert int(stage_confusions(matrices)[key].sum()) == rows[int(pid)]["n_known"]
@@ -176,3 +177,24 @@ def test_the_detection_column_reads_the_block_of_the_runs_own_method(tmp_path):
                        "fedavg": [run("fedavg", {})]}, target=0.5)
     assert [row["detection F1"] for row in rows] == ["0.750", "0.500", "-"]
     assert all(row["label noise after s2 %"] == "-" for row in rows), "FedCorr's own figure"
+
+
+def test_a_null_detection_is_left_out_of_the_mean_not_averaged_in_as_0(tmp_path):
+    from reports.runs import Run
+
+    def run(seed: int, block: dict) -> Run:
+        config = {"strategy": {"name": "fedcorr"}, "dataset": {"name": "digits"}, "seed": seed}
+        return Run(tmp_path / str(seed), {"config": config, "summary": {}, "rounds": [], "fedcorr": block})
+
+    clean = {"detection": None, "detection_not_applicable": "no client of the scene is noisy ..."}
+    rows = table_rows({"a": [run(1, {"detection": {"f1": 0.8}}), run(2, clean)], "b": [run(3, clean)]}, target=0.5)
+    assert [row["detection F1"] for row in rows] == ["0.800", "-"]
+
+
+def test_a_results_json_that_still_holds_the_confusion_counts_reads_as_before(tmp_path):
+    from reports.runs import Run
+
+    inline = {"3": {"before": [2, 1, 0, 3], "after_stage2": [3, 0, 0, 3]}}
+    run = Run(tmp_path, {"config": {}, "rounds": [], "fedcorr": {"confusion": inline}})
+    assert run.confusion == inline
+    assert Run(tmp_path, {"config": {}, "rounds": [], "fedcorr": {"confusion": None}}).confusion == {}

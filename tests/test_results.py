@@ -75,3 +75,30 @@ def test_the_latest_evaluation_confusion_is_kept_and_unevaluated_rounds_leave_it
     assert final["test_confusion"] == {"round": 4, "rows": "true class", "columns": "predicted class",
                                        "counts": [[0, 4], [2, 4]]}
     assert read_results(tmp_path / "run")["test_confusion"]["counts"] == [[0, 4], [2, 4]]
+
+
+def test_the_confusion_file_round_trips_the_points_each_client_reported_and_replaces_nothing_else(tmp_path):
+    from common.atomic_files import read_npz
+    from common.run_files import CONFUSION, confusion_arrays, read_confusion
+
+    per_client = {7: {"before": [3, 1, 0, 4], "after_stage2": [4, 0, 0, 4]},
+                  2: {"before": [2, 2, 1, 3], "after_stage1": [4, 0, 0, 4], "after_stage2": [4, 0, 1, 3]}}
+    writer = ResultsWriter(tmp_path / "run", {"seed": 1})
+    writer.write_arrays({CONFUSION: confusion_arrays(per_client)})
+    arrays = read_npz(tmp_path / "run" / CONFUSION)
+    assert arrays["clients"].tolist() == [2, 7] and arrays["before"].shape == (2, 2, 2)
+    assert arrays["reported_after_stage1"].tolist() == [True, False]
+    assert arrays["after_stage1"][1].tolist() == [[3, 1], [0, 4]], "not corrected in stage 1: the counts before"
+    assert read_confusion(tmp_path / "run") == {str(pid): matrices for pid, matrices in per_client.items()}
+    with pytest.raises(ValueError, match="different sizes"):
+        confusion_arrays({1: {"before": [1, 2, 3, 4]}, 2: {"before": list(range(9))}})
+    with pytest.raises(ValueError, match="'before' among them"):
+        confusion_arrays({1: {"after_stage1": [1, 2, 3, 4]}})
+    with pytest.raises(ValueError, match="not results files"):
+        writer.write_arrays({"other.npz": {}})
+    # A run that ends without counts leaves no file, and a fresh writer removes an earlier run's.
+    writer.write_arrays({})
+    assert read_confusion(tmp_path / "run") == {}
+    writer.write_arrays({CONFUSION: confusion_arrays(per_client)})
+    ResultsWriter(tmp_path / "run", {"seed": 1})
+    assert not (tmp_path / "run" / CONFUSION).exists()

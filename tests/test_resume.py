@@ -24,7 +24,7 @@ from reports.runs import find_runs
 from server.checkpoints import Checkpoint, CheckpointStore, Lineage, read_checkpoint
 from server.config import load_run
 from server.discovery import discover
-from server.results import ResultsWriter
+from server.results import ARRAY_FILES, ResultsWriter
 from server.run import initial_model, run_server
 from settings.compose import compose_config
 from strategies.registry import strategy_classes
@@ -106,9 +106,15 @@ def client_tables(folder: Path) -> dict[str, str]:
     return {path.name: path.read_text() for path in sorted(folder.glob("*_clients.csv"))}
 
 
+def array_files(folder: Path) -> dict[str, bytes]:
+    """The run's array files beside results.json (``confusion.npz``), byte for byte."""
+    return {name: (folder / name).read_bytes() for name in ARRAY_FILES if (folder / name).is_file()}
+
+
 def assert_same_run(resumed: dict[str, Any], reference: dict[str, Any], tmp_path: Path, folders: tuple[str, str]):
     assert comparable(resumed) == comparable(reference)
     assert client_tables(tmp_path / folders[0]) == client_tables(tmp_path / folders[1])
+    assert array_files(tmp_path / folders[0]) == array_files(tmp_path / folders[1])
     rows = [json.loads(line) for line in (tmp_path / folders[0] / "rounds.jsonl").read_text().splitlines()]
     assert [row["round"] for row in rows] == [row["round"] for row in reference["rounds"]]
     with open(tmp_path / folders[0] / "rounds.csv") as table:
@@ -133,6 +139,15 @@ def test_a_run_killed_mid_round_resumes_to_the_uninterrupted_result(run_at, tmp_
     assert store.latest() is not None and max(store.rounds()) < rounds, "killed after a checkpoint, before the end"
     resumed, _ = run_at(f"{RUNS[name]} resume=true", "resumed")
     assert_same_run(resumed, reference, tmp_path, ("resumed", "reference"))
+    if name == "fedcorr":  # its clients' confusion counts, half of them sent before the kill
+        assert "confusion.npz" in array_files(tmp_path / "resumed")
+
+
+def test_a_fresh_run_leaves_no_array_file_of_an_earlier_run_in_its_folder(run_at, tmp_path):
+    run_at(RUNS["fedcorr"], "run")
+    assert "confusion.npz" in array_files(tmp_path / "run")
+    assert run_at(f"{RUNS['fedcorr']} ground_truth=false", "run", kill_at=12)[0] is None
+    assert array_files(tmp_path / "run") == {}, "a fresh start removes it at once"
 
 
 def test_a_second_kill_after_a_resume_still_resumes_identically(run_at, tmp_path):

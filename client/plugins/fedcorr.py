@@ -9,8 +9,8 @@ global model's loss (eq. 6) whose global max-probability is >= theta (eq. 7). Sw
 (``CorrectIns.split_losses`` / ``rank_losses``) take either step's losses from the other model
 instead. End of stage 2 (Sec. 3.3): ``query.correct`` (stage2) relabels every confident sample.
 The corrected labels and the kept losses stay on the client (``client.label_state``, persisted with
-a ``state-dir``); only counts and mu_hat leave it, and the ground-truth counts only when the node
-knows its truth.
+a ``state-dir``); only counts and mu_hat leave it, and the ground-truth counts only when the run
+asks, the node knows its truth and allows sending them (``client.truth_counts.may_send_truth``).
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from flwr.app import Context, RecordDict
 from client.label_state import current_labels, load_local_losses, store_labels, store_local_losses
 from client.node import LocalNode
 from client.plugins.base import ClientPlugin, QueryHandler, Trained
-from client.truth_counts import split_counts
+from client.truth_counts import may_send_truth, split_counts
 from common.seeding import rng_for
 from protocol.fedcorr import PLUGIN, CorrectIns, CorrectRes, Diagnostics, LidRes, Stage1Ins
 from protocol.messages import TrainIns, read_arrays, read_instruction, reply
@@ -43,7 +43,8 @@ def diagnostics(node: LocalNode, before: np.ndarray, after: np.ndarray,
                 noisy: np.ndarray | None = None) -> Diagnostics:
     """Ground-truth label noise before/after, how many changed labels became right, the sample
     split against the truth (stage 1: ``noisy`` is D_n's mask) and the confusion counts. Only a node
-    that knows its true labels (simulation, rehearsal) can compute them; a real node has none."""
+    that knows its true labels (simulation, rehearsal) can compute them, and sends them only where
+    ``client.truth_counts.may_send_truth`` allows; a real node has none."""
     truth = node.data.true_labels
     known = truth >= 0
     changed = known & (before != after)
@@ -85,8 +86,7 @@ def correct(node: LocalNode, context: Context, content: RecordDict) -> RecordDic
     if not ins.relabel:
         new = labels
     store_labels(context, node, new)
-    known = ins.diagnostics and (node.data.true_labels >= 0).any()
-    counts = diagnostics(node, labels, new, noisy) if known else None
+    counts = diagnostics(node, labels, new, noisy) if may_send_truth(node, context, ins.diagnostics) else None
     return reply(CorrectRes(n_relabeled=int(np.sum(new != labels)), mu_hat=mu_hat, diagnostics=counts))
 
 

@@ -15,8 +15,8 @@ Relabels are not kept: each round starts again from the given labels. The releas
 are switches (``protocol.feddiv.FedDivClientSettings``, docs/feddiv.md). Client state, kept with the node's
 other state (on disk with a ``state-dir``): p_hat (C floats), the main-phase participation count and,
 with ``pcs_mode=cached``, the de-biased labels of the previous participation. What leaves the client
-beyond weights: the local filter (6 floats), delta_hat and two counts; ground-truth counts in
-simulation only.
+beyond weights: the local filter (6 floats), delta_hat and two counts; ground-truth counts only when
+the run asks and the node allows it (``client.truth_counts.may_send_truth``).
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from client.label_state import current_labels
 from client.node import LocalNode
 from client.plugins.base import ClientPlugin, Trained
 from client.state_store import load_record, save_record
-from client.truth_counts import split_counts
+from client.truth_counts import may_send_truth, split_counts
 from client.update import local_update
 from common.seeding import rng_for
 from protocol.feddiv import PLUGIN, Diagnostics, FedDivClientSettings, FedDivIns, FedDivRes
@@ -251,7 +251,7 @@ class FedDivPlugin(ClientPlugin):
                                   _mixture_seed(feddiv, node, server_round, "filter"), start=start,
                                   max_iterations=params.em_iters)
         counts = None
-        if feddiv.diagnostics and (node.data.true_labels >= 0).any():
+        if may_send_truth(node, context, feddiv.diagnostics):
             counts = diagnostics(node.data.true_labels, labels, clean, chosen.relabeled, chosen.train_labels,
                                  sampler.trained, node.dataset.num_classes)
         report = FedDivRes(filter=local_filter, noise_estimate=float(1.0 - clean.mean()),

@@ -3,8 +3,8 @@ per-class losses the server detects noisy clients from (``query.class_loss``).
 
 No client state: the role and lambda_t come with every message, the class frequencies are counted
 again from the labels each round. What leaves the client beyond weights: at each detection (once by
-default), one C-vector of per-class mean losses and one of per-class counts
-(``protocol.fednoro.ClassLossRes``).
+default), one C-vector of per-class mean losses and the C-vector mask of the classes it has, or the
+per-class counts where the server asks for them (``protocol.fednoro.ClassLossRes``).
 """
 
 from __future__ import annotations
@@ -54,13 +54,16 @@ class LogitAdjusted(TrainingHooks):
                                          self.ins.temperature)
 
 
-def per_class_losses(losses: np.ndarray, labels: np.ndarray, num_classes: int) -> ClassLossRes:
-    """Per class of ``labels``: its count and the mean of its samples' ``losses`` (0.0 if it has none)."""
+def per_class_losses(losses: np.ndarray, labels: np.ndarray, num_classes: int, counts: bool = False) -> ClassLossRes:
+    """Per class of ``labels``: the mean of its samples' ``losses`` (0.0 if it has none), and whether
+    the class is present (with ``counts``: how many samples it has)."""
     labels = np.asarray(labels, dtype=np.int64)
-    counts = np.bincount(labels, minlength=num_classes)
+    sizes = np.bincount(labels, minlength=num_classes)
     sums = np.bincount(labels, weights=np.asarray(losses, dtype=np.float64), minlength=num_classes)
-    means = np.divide(sums, counts, out=np.zeros(num_classes), where=counts > 0)
-    return ClassLossRes(counts=tuple(int(c) for c in counts), losses=tuple(float(m) for m in means))
+    means = tuple(float(m) for m in np.divide(sums, sizes, out=np.zeros(num_classes), where=sizes > 0))
+    if counts:
+        return ClassLossRes(losses=means, counts=tuple(int(c) for c in sizes))
+    return ClassLossRes(losses=means, present=tuple(int(c > 0) for c in sizes))
 
 
 def class_loss(node: LocalNode, context: Context, content: RecordDict) -> RecordDict:
@@ -75,7 +78,8 @@ def class_loss(node: LocalNode, context: Context, content: RecordDict) -> Record
                                   node.generator(query.server_round, "fednoro-detection"), device=node.device)
     else:
         logits = predict_logits(model, node.data.images, node.eval_transform, device=node.device)
-    return reply(per_class_losses(per_sample_losses(logits, labels), labels, node.dataset.num_classes))
+    return reply(per_class_losses(per_sample_losses(logits, labels), labels, node.dataset.num_classes,
+                                  counts=query.counts))
 
 
 class FedNoRoPlugin(ClientPlugin):
