@@ -13,5 +13,5 @@ echo "[test] import layers"; .venv/bin/lint-imports --no-cache
 if [ "$#" -gt 0 ]; then
     exec .venv/bin/python -m pytest "$@"
 fi
-echo "[test] fast tier";     .venv/bin/python -m pytest -m "not e2e" -n auto -p no:cacheprovider
+echo "[test] fast tier";     .venv/bin/python -m pytest -m "not e2e" -n auto --dist worksteal -p no:cacheprovider
 echo "[test] end-to-end";    exec .venv/bin/python -m pytest -m "e2e and not recovery" -p no:cacheprovider --durations=15

@@ -1,9 +1,9 @@
 """FedNoRo, FedDiv and FedES end to end on the smoke preset (conf/preset/smoke_<name>.yaml): through
-the real Flower simulation engine on Ray as one Hydra multirun, scored against the truth; and as a
-deployment runs them, without ground truth, over the test grid (tests/inprocess.py: the same server
-and client code without Ray; `flwr run .` itself, which gives the ServerApp no ground truth, is
-tests/e2e/test_flwr_run.py). (Their mechanics are tested in the in-process tier: test_fednoro.py,
-test_feddiv.py, test_fedes.py.)"""
+the real Flower simulation engine on Ray as one Hydra multirun (its jobs two at a time), scored
+against the truth; and as a deployment runs them, without ground truth, over the test grid
+(tests/inprocess.py: the same server and client code without Ray; `flwr run .` itself, which gives
+the ServerApp no ground truth, is tests/e2e/test_flwr_run.py). (Their mechanics are tested in the
+in-process tier: test_fednoro.py, test_feddiv.py, test_fedes.py.)"""
 
 import json
 
@@ -40,8 +40,8 @@ def check(payload: dict, name: str, truth: bool) -> None:
 @pytest.fixture(scope="module")
 def simulated(tmp_path_factory):
     out = tmp_path_factory.mktemp("field")
-    done = sim("-m", "experiment=smoke", f"strategy={','.join(METHODS)}", f"out_dir={out}/${{strategy.name}}",
-               f"hydra.sweep.dir={out}/sweep", timeout=900)
+    done = sim("-m", "--jobs", "2", "experiment=smoke", f"strategy={','.join(METHODS)}",
+               f"out_dir={out}/${{strategy.name}}", f"hydra.sweep.dir={out}/sweep", timeout=900)
     assert done.returncode == 0, done.stderr[-3000:]
     return {name: json.loads((out / name / "results.json").read_text()) for name in METHODS}
 

@@ -8,11 +8,13 @@ import inprocess
 from commands import report, sim
 
 
-def test_smoke_fedavg_writes_the_results_contract(tmp_path):
-    out = tmp_path / "run"
-    done = sim("experiment=smoke", "strategy=fedavg", f"out_dir={out}", "seed=3")
-    assert done.returncode == 0, done.stderr[-3000:]
-    assert "[round   10/10] fedavg" in done.stdout and "results:" in done.stdout
+def test_a_multirun_writes_the_results_contract_and_the_same_seed_gives_the_same_result(tmp_path):
+    # One Hydra multirun of two smoke FedAvg runs (one Ray each, in this process, one after the other).
+    smoke = ["experiment=smoke", "strategy=fedavg"]
+    sweep = sim("-m", *smoke, "seed=3,6", f"out_dir={tmp_path}/s${{seed}}", f"hydra.sweep.dir={tmp_path}/sweep")
+    assert sweep.returncode == 0, sweep.stderr[-3000:]
+    assert sweep.stdout.count("[round   10/10] fedavg") == 2 and sweep.stdout.count("results:") == 2
+    out = tmp_path / "s3"
     payload = json.loads((out / "results.json").read_text())
     assert payload["complete"] is True
     assert payload["config"]["dataset"]["name"] == "digits" and payload["config"]["seed"] == 3
@@ -29,24 +31,18 @@ def test_smoke_fedavg_writes_the_results_contract(tmp_path):
     assert summary["wall_s"] > 0
     with open(out / "rounds.csv") as table:
         assert len(list(csv.DictReader(table))) == 10
-
-
-def test_multirun_and_same_seed_same_result(tmp_path):
-    short = ["experiment=smoke", "strategy=fedavg", "strategy.num_rounds=2"]
-    sweep = sim("-m", *short, "seed=5,6", f"out_dir={tmp_path}/s${{seed}}", f"hydra.sweep.dir={tmp_path}/sweep")
-    assert sweep.returncode == 0, sweep.stderr[-3000:]
     # The same seed again, in this process over the test grid (tests/inprocess.py: what sim.py computes).
-    inprocess.run([*short, "seed=5", f"out_dir={tmp_path}/again"])
+    inprocess.run([*smoke, "seed=3", f"out_dir={tmp_path}/again"])
     runs = {name: json.loads((tmp_path / name / "results.json").read_text())["rounds"]
-            for name in ("s5", "s6", "again")}
-    strip = [{k: r[k] for k in ("clients", "test_acc", "test_loss", "train_loss")} for r in runs["s5"]]
+            for name in ("s3", "s6", "again")}
+    strip = [{k: r[k] for k in ("clients", "test_acc", "test_loss", "train_loss")} for r in runs["s3"]]
     assert strip == [{k: r[k] for k in ("clients", "test_acc", "test_loss", "train_loss")} for r in runs["again"]]
-    assert [r["clients"] for r in runs["s5"]] != [r["clients"] for r in runs["s6"]]
+    assert [r["clients"] for r in runs["s3"]] != [r["clients"] for r in runs["s6"]]
     # The sweep folder lists its jobs, so report.py reads the multirun as one group of two seeds.
     done = report(str(tmp_path / "sweep"), "--out", str(tmp_path / "report"))
     assert done.returncode == 0, done.stderr[-3000:]
     table = (tmp_path / "report" / "table-digits.md").read_text().splitlines()
-    assert len(table) == 3 and "| fedavg | 2 | 5 6 |" in table[2]
+    assert len(table) == 3 and "| fedavg | 2 | 3 6 |" in table[2]
 
 
 def test_bad_overrides_fail_before_ray_starts(tmp_path):
