@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Callable
 
 import numpy as np
@@ -21,6 +22,10 @@ def _mixture_losses(seed: int) -> tuple[np.ndarray, np.ndarray]:
     truth = np.arange(1000) >= 800
     order = rng.permutation(1000)
     return losses[order], truth[order]
+
+
+def _exactly(message: str) -> str:
+    return f"^{re.escape(message)}$"
 
 
 class _Client:
@@ -53,9 +58,16 @@ def test_loss_split_finds_the_large_loss_population() -> None:
     assert true_positives / noisy.sum() >= 0.95  # precision
 
 
-def test_loss_split_is_deterministic_given_the_seed() -> None:
-    losses, _ = _mixture_losses(seed=1)
-    np.testing.assert_array_equal(loss_split(losses, seed=7), loss_split(losses, seed=7))
+def test_loss_split_is_decided_by_the_seed_where_the_losses_leave_it_open() -> None:
+    # Three equal populations: the mixture joins the middle one to the low or the high one depending on
+    # its initialisation, so only the seed makes a client's split reproducible.
+    rng = np.random.default_rng(1)
+    losses = np.concatenate([rng.normal(mean, 0.05, 100) for mean in (0.0, 1.0, 2.0)])
+    splits = {seed: loss_split(losses, seed=seed) for seed in range(10)}
+    assert {int(split.sum()) for split in splits.values()} == {100, 200}
+    for seed, split in splits.items():
+        for _ in range(2):
+            np.testing.assert_array_equal(loss_split(losses, seed=seed), split)
 
 
 @pytest.mark.parametrize(
@@ -120,6 +132,23 @@ def test_stage1_considers_exactly_floor_pi_of_the_noisy_subset() -> None:
     assert changed.size == 29
 
 
+def test_stage1_breaks_loss_ties_by_lower_index() -> None:
+    # 200 noisy samples with three loss values: floor(0.5 * 200) = 100 candidates take the highest
+    # losses, and among equal losses the lower indices; every candidate is relabelled here.
+    losses = np.random.default_rng(12).integers(0, 3, 200).astype(float)
+    labels, probabilities = np.zeros(200, dtype=np.int64), np.tile(np.eye(2)[1], (200, 1))
+    _, _, changed = stage1_relabel(labels, losses, probabilities, np.ones(200, bool), pi=0.5, theta=0.9)
+    expected = sorted(range(200), key=lambda i: (-losses[i], i))[:100]
+    np.testing.assert_array_equal(changed, np.sort(expected))
+
+
+def test_stage1_counts_pi_times_the_subset_to_nine_decimals() -> None:
+    # The rounding that absorbs float error in pi * |D_n| works at 1e-9: 0.9999999998 of one sample is one.
+    changed = stage1_relabel(np.array([0]), np.array([1.0]), np.array([[0.0, 1.0]]), np.ones(1, bool),
+                             pi=1 - 2e-10, theta=0.5)[2]
+    np.testing.assert_array_equal(changed, [0])
+
+
 def test_stage1_edge_cases_relabel_nothing() -> None:
     client = _Client(seed=4)
     noisy = loss_split(client.losses, seed=0)
@@ -157,6 +186,22 @@ def test_stage2_relabels_exactly_the_confident_samples() -> None:
     np.testing.assert_array_equal(client.labels, before)
 
 
+def test_a_prediction_exactly_at_theta_is_confident() -> None:
+    # Eq. (7) relabels where the max probability reaches theta.
+    new_labels, changed = stage2_relabel(np.array([0, 0]), np.array([[0.25, 0.75], [0.3, 0.7]]), theta=0.75)
+    np.testing.assert_array_equal(new_labels, [1, 0])
+    np.testing.assert_array_equal(changed, [0])
+
+
+def test_a_single_sample_and_a_single_class_are_valid_inputs() -> None:
+    new_labels, changed = stage2_relabel(np.array([0]), np.array([[0.2, 0.8]]), theta=0.5)
+    np.testing.assert_array_equal(new_labels, [1])
+    np.testing.assert_array_equal(changed, [0])
+    new_labels, changed = stage2_relabel(np.zeros(3, dtype=np.int64), np.ones((3, 1)), theta=1.0)
+    np.testing.assert_array_equal(new_labels, [0, 0, 0])
+    assert changed.size == 0
+
+
 def test_stage2_threshold_extremes() -> None:
     client = _Client(seed=7)
     new_labels, changed = stage2_relabel(client.labels, client.probabilities, theta=0.0)
@@ -180,10 +225,12 @@ def test_stage1_rejects_pi_and_theta_outside_unit_interval(key: str, value: obje
         stage1_relabel(client.labels, client.losses, client.probabilities, np.zeros(20, bool), **params)
 
 
-def test_stage2_rejects_theta_outside_unit_interval() -> None:
+@pytest.mark.parametrize("theta", [-0.5, 1.01])
+def test_stage2_rejects_theta_outside_unit_interval(theta: float) -> None:
     client = _Client(seed=8, n=20)
-    with pytest.raises(ConfigError, match="strategy.theta=-0.5"):
-        stage2_relabel(client.labels, client.probabilities, theta=-0.5)
+    message = f"strategy.theta={theta} is invalid: allowed is a number >= 0.0 and <= 1.0"
+    with pytest.raises(ConfigError, match=_exactly(message)):
+        stage2_relabel(client.labels, client.probabilities, theta=theta)
 
 
 def _shortened(array: np.ndarray) -> np.ndarray:
@@ -224,3 +271,42 @@ def test_probabilities_and_labels_must_fit_each_other() -> None:
     with pytest.raises(ConfigError, match="finite real numbers"):
         losses = np.array([0.1, np.inf, 0.2])
         stage1_relabel(labels, losses, np.full((3, 3), 1 / 3), np.ones(3, bool), pi=0.5, theta=0.5)
+
+
+_UNIFORM = np.full((3, 3), 1 / 3)
+
+
+@pytest.mark.parametrize(
+    ("labels", "probabilities", "message"),
+    [
+        (np.zeros((3, 1), dtype=np.int64), _UNIFORM,
+         "labels of shape (3, 1) and dtype int64 are invalid: allowed is a non-empty 1-D integer array"),
+        (np.zeros(0, dtype=np.int64), np.zeros((0, 3)),
+         "labels of shape (0,) and dtype int64 are invalid: allowed is a non-empty 1-D integer array"),
+        (np.zeros(3, dtype=np.int64), np.zeros((3, 0)),
+         "probabilities of shape (3, 0) are invalid: allowed is shape (3, M), one row per label"),
+        (np.zeros(3, dtype=np.int64), np.eye(3, dtype=np.int64),
+         "probabilities of dtype int64 are invalid: allowed are floats in [0, 1] (softmax outputs, not logits)"),
+        (np.zeros(3, dtype=np.int64), np.array([[-0.1, 0.6, 0.5]] * 3),
+         "probabilities of dtype float64 are invalid: allowed are floats in [0, 1] (softmax outputs, not logits)"),
+        (np.zeros(3, dtype=np.int64), np.array([[1.5, 0.0, 0.0]] * 3),
+         "probabilities of dtype float64 are invalid: allowed are floats in [0, 1] (softmax outputs, not logits)"),
+        (np.array([-1, 0, 1]), _UNIFORM, "label -1 is invalid: allowed are class indices 0..2"),
+        (np.array([0, 3, 1]), _UNIFORM, "label 3 is invalid: allowed are class indices 0..2"),
+    ],
+)
+def test_refused_labels_and_probabilities_say_what_is_allowed(
+    labels: np.ndarray, probabilities: np.ndarray, message: str
+) -> None:
+    with pytest.raises(ConfigError, match=_exactly(message)):
+        stage2_relabel(labels, probabilities, theta=0.5)
+
+
+def test_refused_losses_say_what_is_allowed() -> None:
+    with pytest.raises(ConfigError, match=_exactly("losses of shape (3, 2) are invalid: allowed is shape (n,)")):
+        loss_split(np.ones((3, 2)), seed=0)
+    with pytest.raises(ConfigError, match=_exactly("losses of dtype <U1 are invalid: allowed are finite real numbers")):
+        loss_split(np.array(["a", "b"]), seed=0)
+    with pytest.raises(ConfigError,
+                       match=_exactly("losses of shape (2,) are invalid: allowed is shape (3,), one per label")):
+        stage1_relabel(np.zeros(3, dtype=np.int64), np.ones(2), _UNIFORM, np.ones(3, bool), pi=0.5, theta=0.5)

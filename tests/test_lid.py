@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import re
+import warnings
+
 import numpy as np
 import pytest
 
@@ -55,6 +58,12 @@ def test_score_recovers_the_dimension_of_uniform_data(dim: int, seed: int) -> No
     assert score == pytest.approx(dim, rel=0.15)
 
 
+def test_points_with_a_single_coordinate_are_a_valid_set() -> None:
+    # Points on a line, given as (n, 1): the estimate is about 1, as for a line inside R^10.
+    points = np.random.default_rng(9).random((2000, 1))
+    assert lid_score(points, k=20) == pytest.approx(1.0, rel=0.15)
+
+
 def test_mle_matches_eq2_computed_point_by_point(monkeypatch: pytest.MonkeyPatch) -> None:
     points = np.random.default_rng(3).normal(size=(150, 4))
     # A tiny chunk forces the distance matrix to be built in many row blocks.
@@ -65,6 +74,15 @@ def test_mle_matches_eq2_computed_point_by_point(monkeypatch: pytest.MonkeyPatch
 def test_score_is_invariant_to_translation_and_scale() -> None:
     points = np.random.default_rng(4).random((300, 3))
     assert lid_score(points * 1e-3 + 50.0) == pytest.approx(lid_score(points), rel=1e-6)
+
+
+def test_estimates_with_duplicates_do_not_depend_on_where_the_set_lies() -> None:
+    # With duplicates the distance floor enters eq. (2); the floor follows the set's own radius about
+    # its centroid, so moving the set along one axis leaves every estimate as it was.
+    points = np.random.default_rng(8).random((100, 4))
+    doubled = np.concatenate([points, points])
+    moved = doubled + np.array([1000.0, 0.0, 0.0, 0.0])
+    np.testing.assert_allclose(lid_mle(moved, 10), lid_mle(doubled, 10), rtol=1e-9)
 
 
 def test_diffuse_predictions_score_higher_than_tight_clusters() -> None:
@@ -95,10 +113,34 @@ def test_equidistant_neighbours_give_zero_not_infinity() -> None:
     np.testing.assert_array_equal(lid_mle(np.eye(4), 3), 0.0)
 
 
+def test_degenerate_and_duplicate_sets_compute_without_floating_point_warnings() -> None:
+    # The 1/0 of a degenerate neighbourhood is never computed, and no deprecated numpy call is made:
+    # a client's log stays free of warnings however its predictions look.
+    points = np.random.default_rng(6).random((50, 5))
+    with warnings.catch_warnings(), np.errstate(all="raise"):
+        warnings.simplefilter("error")
+        np.testing.assert_array_equal(lid_mle(np.eye(4), 3), 0.0)
+        assert lid_score(np.ones((30, 10))) == 0.0
+        assert np.isfinite(lid_mle(np.concatenate([points, points]), 20)).all()
+
+
 @pytest.mark.parametrize("n", [2, 3, 5])
-def test_tiny_sets_give_a_finite_score(n: int) -> None:
-    score = lid_score(np.random.default_rng(n).dirichlet(np.ones(10), n), k=20)
-    assert np.isfinite(score) and score >= 0.0
+def test_tiny_sets_use_every_other_point(n: int) -> None:
+    # k = 20 is cut to the n - 1 other points; with one neighbour (n = 2) every estimate is 0.
+    probabilities = np.random.default_rng(n).dirichlet(np.ones(10), n)
+    expected = 0.0 if n == 2 else float(_reference_lid(probabilities, n - 1).mean())
+    assert lid_score(probabilities, k=20) == pytest.approx(expected, rel=1e-9)
+
+
+def test_default_k_is_fedcorrs_20() -> None:
+    points = np.random.default_rng(10).random((60, 3))
+    assert lid_score(points) == pytest.approx(float(lid_mle(points, 20).mean()), rel=1e-12)
+    assert lid_score(points) != pytest.approx(float(lid_mle(points, 21).mean()), rel=1e-6)
+
+
+def test_one_neighbour_is_allowed_and_always_degenerate() -> None:
+    points = np.random.default_rng(11).random((20, 3))
+    assert lid_score(points, k=1) == 0.0
 
 
 def test_k_larger_than_the_set_uses_all_other_points() -> None:
@@ -107,21 +149,46 @@ def test_k_larger_than_the_set_uses_all_other_points() -> None:
     assert lid_score(points, k=20) != pytest.approx(float(lid_mle(points, 5).mean()))
 
 
-@pytest.mark.parametrize("k", [0, -3, 2.5, True])
+def _exactly(message: str) -> str:
+    return f"^{re.escape(message)}$"
+
+
+# 30.5 is above the 9 other points: cut to min(k, n - 1) = 9 it would pass, so it must be refused first.
+@pytest.mark.parametrize("k", [0, -3, 2.5, True, 30.5])
 def test_invalid_k_is_rejected(k: object) -> None:
-    with pytest.raises(ConfigError, match="k="):
+    with pytest.raises(ConfigError, match=_exactly(f"k={k!r} is invalid: allowed is an integer >= 1")):
         lid_score(np.random.default_rng(0).random((10, 3)), k=k)
 
 
+@pytest.mark.parametrize("k", [0, 2.5, True])
+def test_mle_rejects_invalid_k(k: object) -> None:
+    with pytest.raises(ConfigError, match=_exactly(f"k={k!r} is invalid: allowed is an integer >= 1")):
+        lid_mle(np.random.default_rng(0).random((10, 3)), k)
+
+
 def test_mle_rejects_k_beyond_the_other_points() -> None:
-    with pytest.raises(ConfigError, match="k=10 is invalid for 10 points"):
+    with pytest.raises(ConfigError, match=_exactly("k=10 is invalid for 10 points: allowed is an integer <= 9")):
         lid_mle(np.random.default_rng(0).random((10, 3)), 10)
 
 
 @pytest.mark.parametrize("points", [np.ones((1, 10)), np.ones((0, 10)), np.ones(10)])
 def test_fewer_than_two_samples_is_rejected(points: np.ndarray) -> None:
-    with pytest.raises(ConfigError, match="at least 2"):
+    message = (f"probabilities of shape {points.shape} are invalid: "
+               "allowed is (n, M) with n >= 2 (an LID needs at least 2 samples)")
+    with pytest.raises(ConfigError, match=_exactly(message)):
         lid_score(points)
+
+
+@pytest.mark.parametrize("shape", [(1, 3), (0, 3), (10,), (3, 0), (3, 2, 2)])
+def test_mle_rejects_sets_that_are_not_two_points_of_a_space(shape: tuple[int, ...]) -> None:
+    message = f"points of shape {shape} are invalid: allowed is at least 2 points, shape (n, d)"
+    with pytest.raises(ConfigError, match=_exactly(message)):
+        lid_mle(np.ones(shape), 1)
+
+
+def test_non_numeric_points_are_rejected() -> None:
+    with pytest.raises(ConfigError, match=_exactly("points of dtype <U1 are invalid: allowed are finite real numbers")):
+        lid_mle(np.array([["a", "b"], ["c", "d"]]), 1)
 
 
 def test_non_finite_points_are_rejected() -> None:
