@@ -75,7 +75,7 @@ TESTS: dict[str, tuple[str, ...]] = {
     "task/learners/ce.py": ("tests/test_learners.py", "tests/test_training.py"),
     "task/learners/coteaching.py": ("tests/test_learners.py",),
     "task/learners/logit_adjusted.py": ("tests/test_fednoro.py",),
-    "task/learners/lsr.py": ("tests/test_learners.py",),
+    "task/learners/lsr.py": ("tests/test_learners.py", "tests/test_training.py"),
     "task/learners/mixup.py": ("tests/test_learners.py", "tests/test_training.py"),
     "task/learners/sce.py": ("tests/test_learners.py",),
     "task/learners/uniform_prior.py": ("tests/test_feddiv.py",),

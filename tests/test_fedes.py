@@ -160,6 +160,23 @@ def test_mask_params_all_ranks_the_biases_too():
     assert grads(model) == [[0.0, 0.0, 1.5, 2.0], [0.0, 0.0], [2.5, 3.0], [0.0]]
 
 
+def test_frozen_parameters_are_outside_p_and_nothing_is_masked_before_a_backward_pass():
+    model = two_layers([[[1.0, -5.0], [3.0, 0.5]], [[4.0, 3.5]]])
+    model[0].weight.requires_grad_(False)
+    # P is the second weight matrix alone: m = 2, k = 1 keeps |4 * 1| at half its gradient.
+    assert selective_gradient(model, rho=0.5)() is None, "by default only the gradient is masked"
+    assert grads(model) == [[1.0, -5.0, 3.0, 0.5], [7.0, 7.0], [2.0, 0.0], [7.0]]
+    fresh = nn.Linear(3, 1)
+    assert selective_gradient(fresh, rho=0.5, strict_freeze=True)() is None
+    assert fresh.weight.grad is None
+
+
+@pytest.mark.parametrize("rho", [-0.1, 1.5])
+def test_rho_outside_the_unit_interval_is_refused(rho: float):
+    with pytest.raises(ValueError, match=rf"^rho={rho} is invalid: allowed is a number in \[0, 1\]$"):
+        selective_gradient(nn.Linear(2, 1), rho=rho)
+
+
 def masked_step(strict_freeze: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Two SGD steps (momentum 0.9, weight decay 0.1) on Linear(4, 1): a plain one, then SeGD at
     rho = 1/4. Returns (weights before and after the SeGD step, the entry SeGD kept)."""

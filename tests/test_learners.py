@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pytest
 import torch
 from defaults import coteaching_settings, local_training, lsr_settings, sce_settings
@@ -19,7 +20,7 @@ from settings.compose import compose_config
 from task.evaluation import evaluate, evaluate_by_class
 from task.learners import Batch
 from task.learners.coteaching import Coteaching, kept_count
-from task.learners.lsr import classification_loss, distillation, lsr_loss, sharpen, tempered
+from task.learners.lsr import LocalSelfRegularisation, classification_loss, distillation, lsr_loss, sharpen, tempered
 from task.learners.sce import reverse_cross_entropy, symmetric_cross_entropy
 
 SMOKE = "experiment=smoke"
@@ -108,6 +109,82 @@ def test_lsr_objective_adds_the_weighted_distillation_and_reports_the_classifica
     entropy = sum(-(p * p.log()).sum().item() for p in (torch.softmax(o1, 1), torch.softmax(o2, 1))) / 2
     plus = lsr_loss(o1, o2, labels, lam, 0.0, lsr_settings(cls_loss="nll", entropy_weight=0.5))
     assert plus.objective.item() == pytest.approx(cls + 0.5 * entropy, rel=1e-5)
+
+
+def test_the_nll_reading_takes_the_log_of_tiny_probabilities_in_their_own_precision():
+    # In double precision a probability of 1e-100 is representable: its -log is 100 ln 10, not
+    # the -log of single precision's smallest normal (87.3).
+    p_s = torch.tensor([[1.0, 1e-100]], dtype=torch.float64)
+    loss = classification_loss(p_s, torch.tensor([1]), "nll")
+    assert loss.item() == pytest.approx(100 * math.log(10.0), rel=1e-12)
+
+
+def test_l1_distillation_under_the_elementwise_mean_and_the_l1_and_no_distillation_objectives():
+    q1 = torch.tensor([[0.5, 0.5]])
+    q2 = torch.tensor([[0.9, 0.1]])
+    # |0.5 - 0.9| + |0.5 - 0.1| = 0.8 over one row of two classes: 0.4 per entry.
+    assert distillation(q1, q2, "l1", "elementwise_mean").item() == pytest.approx(0.4)
+    o1 = torch.tensor([[2.0, 0.0, -1.0], [0.5, 0.5, 3.0]])
+    o2 = torch.tensor([[0.0, 1.0, 0.0], [1.0, -2.0, 0.0]])
+    labels = torch.tensor([1, 2])
+    cls = lsr_loss(o1, o2, labels, 0.25, 0.0, lsr_settings()).objective.item()
+    # The non-IID choice: gamma times the mean |q1 - q2| over the 2 x 3 entries of the tempered predictions.
+    t1, t2 = (torch.softmax(o / (1 / 3), 1) for o in (o1, o2))
+    l1 = float((t1 - t2).abs().sum()) / 6
+    assert lsr_loss(o1, o2, labels, 0.25, 0.6, lsr_settings(distill="l1")).objective.item() == pytest.approx(
+        cls + 0.6 * l1, rel=1e-5)
+    # Table 5's "no distillation": the objective is the classification loss whatever the weight.
+    assert lsr_loss(o1, o2, labels, 0.25, 0.6, lsr_settings(distill="none")).objective.item() == pytest.approx(
+        cls, rel=1e-6)
+
+
+def test_lsr_plus_entropy_is_the_mean_over_rows_in_either_form():
+    o1 = torch.tensor([[math.log(3.0), 0.0], [0.0, 0.0]])  # softmax rows (0.75, 0.25) and (0.5, 0.5)
+    o2 = torch.tensor([[0.0, 0.0], [0.0, 0.0]])
+    labels = torch.tensor([0, 1])
+    cls = lsr_loss(o1, o2, labels, 0.5, 0.0, lsr_settings()).objective.item()
+
+    def h(row: list[float]) -> float:
+        return -sum(p * math.log(p) for p in row)
+
+    # outputs: the two views' mean entropies averaged; each view's entropy is the mean over its rows.
+    view1 = (h([0.75, 0.25]) + h([0.5, 0.5])) / 2
+    view2 = h([0.5, 0.5])
+    plus = lsr_loss(o1, o2, labels, 0.5, 0.0, lsr_settings(entropy_weight=0.5, entropy_form="outputs"))
+    assert plus.objective.item() == pytest.approx(cls + 0.5 * (view1 + view2) / 2, rel=1e-6)
+    # tempered (the released code): entropy of softmax(q1), q1 = softmax(o1 / T_d) with T_d = 1/3:
+    # row 1 gives q1 = (27/28, 1/28), row 2 (1/2, 1/2), whose softmax is again (1/2, 1/2).
+    a = 1.0 / (1.0 + math.exp(1 / 28 - 27 / 28))
+    tempered_h = (h([a, 1 - a]) + h([0.5, 0.5])) / 2
+    code = lsr_loss(o1, o2, labels, 0.5, 0.0, lsr_settings(entropy_weight=0.5, entropy_form="tempered"))
+    assert code.objective.item() == pytest.approx(cls + 0.5 * tempered_h, rel=1e-6)
+    assert code.reported.item() == pytest.approx(cls, rel=1e-6)
+
+
+@pytest.mark.parametrize("augment_draw", ["sample", "batch"])
+def test_the_lsr_learner_feeds_both_views_with_one_beta_one_one_lambda(augment_draw: str):
+    # Alg. 1: the batch and its second view (drawn per image or once per batch) through the same
+    # network, mixed with lambda ~ Beta(1, 1) drawn from the learner's stream, weighted by gamma_t.
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Flatten(), nn.Linear(16, 3))
+    images = torch.randint(0, 256, (4, 1, 4, 4), dtype=torch.uint8)
+    labels = torch.tensor([0, 1, 2, 0])
+    settings = lsr_settings(augment_draw=augment_draw)
+
+    def as_float(x, g):
+        return x.float() / 32
+
+    learner = LocalSelfRegularisation(settings, 0.4, torch.Generator().manual_seed(5))
+    batch = Batch(images, labels, as_float, torch.Generator().manual_seed(9))  # type: ignore[arg-type]
+    loss = learner(model, batch)
+    # The same draws by hand: lambda from a NumPy stream seeded once from the learner's generator, the
+    # second view from the batch's generator.
+    seed = int(torch.randint(0, 2**63 - 1, (1,), generator=torch.Generator().manual_seed(5)))
+    lam = float(np.random.default_rng(seed).beta(1.0, 1.0))
+    view = second_view(images, torch.Generator().manual_seed(9), augment_draw == "sample")
+    expected = lsr_loss(model(as_float(images, None)), model(as_float(view, None)), labels, lam, 0.4, settings)
+    torch.testing.assert_close(loss.objective, expected.objective)
+    torch.testing.assert_close(loss.reported, expected.reported)
 
 
 def test_gamma_rises_linearly_over_the_warm_up_then_stays():
