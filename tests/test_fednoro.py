@@ -216,7 +216,7 @@ def test_counts_or_the_present_class_mask_give_the_same_detection_and_run(run_in
     """The detection reads which classes a client has, nothing more: the same run with per-class
     counts instead of the mask detects the same clients by the same scores and ends identically."""
     overrides = "experiment=smoke strategy=fednoro strategy.num_rounds=6 strategy.warmup=2 strategy.redetect_every=2"
-    overrides += " strategy.kd_ramp_end=end"
+    overrides += " strategy.kd_ramp_end=end strategy.train.epochs=1"  # two runs' equality: one epoch shows it
     masked, _ = run_inprocess(f"{overrides} out_dir={tmp_path / 'mask'}")
     counted, _ = run_inprocess(f"{overrides} strategy.detect_counts=true out_dir={tmp_path / 'counts'}")
     block = masked["fednoro"]
@@ -229,7 +229,8 @@ def test_counts_or_the_present_class_mask_give_the_same_detection_and_run(run_in
 
 
 def test_redetection_repeats_the_query_every_r_rounds_and_replaces_the_noisy_set(run_inprocess):
-    payload, _ = run_inprocess("experiment=smoke strategy=fednoro strategy.warmup=3 strategy.redetect_every=2")
+    payload, _ = run_inprocess("experiment=smoke strategy=fednoro strategy.warmup=3 strategy.redetect_every=2 "
+                               "strategy.train.epochs=1")  # the schedule: one local epoch shows it
     block = payload["fednoro"]
     assert [d["after_round"] for d in block["detections"]] == [3, 5, 7, 9]
     assert block["class_loss_queries"] == 40 and payload["summary"]["comm_cost"] == 30

@@ -29,7 +29,8 @@ from server.run import initial_model, run_server
 from settings.compose import compose_config
 from strategies.registry import strategy_classes
 
-SMOKE = "experiment=smoke ground_truth=true server.checkpoint_every=2"
+# One local epoch: what a resume must reproduce does not depend on how long clients train.
+SMOKE = "experiment=smoke ground_truth=true server.checkpoint_every=2 strategy.train.epochs=1"
 
 # Each stateful strategy's smoke run, small enough for the fast tier.
 RUNS = {

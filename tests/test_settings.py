@@ -5,10 +5,11 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
+from omegaconf import OmegaConf
 
 from common.errors import ConfigError
 from server.config import load_run
-from settings.compose import compose_config
+from settings.compose import CONF_DIR, _composed, compose_config
 from settings.run import RunSettings, SimulationSettings, run_settings
 
 
@@ -86,3 +87,26 @@ def test_the_strategy_block_is_checked_by_the_server_side_only():
 def test_a_client_threads_follow_its_ray_cpus():
     assert settings("simulation.num_cpus_per_client=2").client.num_threads == 2
     assert settings("simulation.num_cpus_per_client=0.5").client.num_threads == 1
+
+
+@pytest.mark.parametrize("overrides", [
+    ("experiment=smoke", "out_dir=/tmp/runs/a+b/run-1.x"),
+    ("strategy=fednoro", "noise=pairflip", "seed=3", "out_dir=outputs/x", "out_dir=rel/path"),
+])
+def test_a_path_out_dir_set_on_a_cached_composition_equals_hydras_own(overrides):
+    hydras = _composed(tuple(overrides), False)  # Hydra composes the out_dir override itself
+    assert OmegaConf.to_container(compose_config(list(overrides))) == OmegaConf.to_container(hydras)
+    assert compose_config(list(overrides)).out_dir == overrides[-1].partition("=")[2]
+
+
+def test_out_dir_is_not_read_by_any_other_key_of_conf():
+    """What lets a cached composition take its out_dir afterwards."""
+    readers = [path for path in CONF_DIR.rglob("*.yaml") if "out_dir}" in path.read_text()]
+    assert readers == []
+
+
+def test_each_composition_is_the_callers_own_copy():
+    fresh = OmegaConf.to_container(compose_config(["experiment=smoke", "out_dir=/tmp/two/run"]))
+    first = compose_config(["experiment=smoke", "out_dir=/tmp/one/run"])
+    first.seed, first.strategy.name = 99, "changed"
+    assert OmegaConf.to_container(compose_config(["experiment=smoke", "out_dir=/tmp/two/run"])) == fresh
