@@ -120,7 +120,7 @@ def test_a_fedcorr_run_without_noise_reports_no_detection_score(run_inprocess):
     from reports.tables import table_rows
 
     payload, _ = run_inprocess("experiment=smoke strategy=fedcorr strategy.t1=1 strategy.t2=1 strategy.t3=1 "
-                               "noise.rho=0 noise.tau=0")
+                               "noise.rho=0 noise.tau=0 strategy.train.epochs=1")
     block = payload["fedcorr"]
     assert block["true_noisy_clients"] == [] and block["detected_noisy_clients"], "the paper's split always splits"
     assert block["detection"] is None and block["detection_not_applicable"] == NO_NOISY_REASON
