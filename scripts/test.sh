@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Set up, then check and test everything: ruff (pyflakes, pycodestyle, import order, docstrings), mypy,
 # the import contract of the layers (import-linter), and the whole pytest suite: the fast in-process tier
-# on every core, then the end-to-end tier serially (its tests start Ray or deployments that take the
-# machine), but the deployment recovery tests (several minutes each: `bash scripts/test.sh -m recovery`).
+# on every core, then the end-to-end tier serially (its tests start Ray, which takes the machine), with
+# the deployment tests beside it (they mostly wait on Flower's fixed 3 s polls and 30 s heartbeats and
+# start no Ray), but the deployment recovery tests (several minutes each: `bash scripts/test.sh -m recovery`).
 # Arguments replace that: they go to one pytest call, e.g. `bash scripts/test.sh tests/test_resume.py`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -14,4 +15,20 @@ if [ "$#" -gt 0 ]; then
     exec .venv/bin/python -m pytest "$@"
 fi
 echo "[test] fast tier";     .venv/bin/python -m pytest -m "not e2e" -n auto --dist worksteal -p no:cacheprovider
-echo "[test] end-to-end";    exec .venv/bin/python -m pytest -m "e2e and not recovery" -p no:cacheprovider --durations=15
+deploy_log=$(mktemp)
+set -m  # a process group of their own, which a Ctrl-C at the terminal does not reach: the trap stops them
+.venv/bin/python -m pytest tests/e2e/test_deploy.py -m "e2e and not recovery" -p no:cacheprovider --durations=3 \
+    > "$deploy_log" 2>&1 &
+deploy=$!
+set +m
+# Should this script stop early, the deployment tests stop as on Ctrl-C: their fixtures end the federations.
+trap 'kill -INT -- "-$deploy" 2>/dev/null || true; wait "$deploy" 2>/dev/null || true; rm -f "$deploy_log"' EXIT
+echo "[test] end-to-end (the deployment tests run beside it; their report follows)"
+serial=0 deployed=0
+.venv/bin/python -m pytest -m "e2e and not recovery" --ignore=tests/e2e/test_deploy.py -p no:cacheprovider \
+    --durations=15 || serial=$?
+wait "$deploy" || deployed=$?
+trap 'rm -f "$deploy_log"' EXIT
+echo "[test] end-to-end: deployment tests"
+cat "$deploy_log"
+[ "$serial" -eq 0 ] && [ "$deployed" -eq 0 ]

@@ -159,7 +159,9 @@ def test_a_node_that_cannot_read_the_scene_is_named_in_one_line(cluster, tmp_pat
 
 
 def test_a_multirun_runs_its_jobs_as_tasks_on_the_cluster(cluster, tmp_path):
-    done = _sim(tmp_path, "-m", "experiment=smoke", "strategy=fedavg", "seed=1,2", "out_dir=jobs/s${seed}",
+    # Three rounds of one local epoch: where the jobs ran and what they computed show in any length of run.
+    run = ["experiment=smoke", "strategy=fedavg", "strategy.num_rounds=3", "strategy.train.epochs=1"]
+    done = _sim(tmp_path, "-m", *run, "seed=1,2", "out_dir=jobs/s${seed}",
                 "hydra.sweep.dir=sweep", "--jobs", "2", "--cluster", cluster, timeout=900)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     ended = [line for line in done.stdout.splitlines() if "ended with status 0 on node" in line]
@@ -168,6 +170,5 @@ def test_a_multirun_runs_its_jobs_as_tasks_on_the_cluster(cluster, tmp_path):
     assert listed == [str(tmp_path / "jobs" / f"s{seed}") for seed in (1, 2)]
     for seed in (1, 2):
         ran = json.loads((tmp_path / "jobs" / f"s{seed}" / "results.json").read_text())
-        alone = inprocess.run(["experiment=smoke", "strategy=fedavg", f"seed={seed}",
-                               f"out_dir={tmp_path / f'alone{seed}'}"])
+        alone = inprocess.run([*run, f"seed={seed}", f"out_dir={tmp_path / f'alone{seed}'}"])
         assert _rounds(ran) == _rounds(alone)

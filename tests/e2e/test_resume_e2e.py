@@ -66,6 +66,8 @@ def _tail(path: Path) -> str:
 
 
 SIM = ["sim.py"]
+# One local epoch in every run here: what a resume must reproduce does not depend on how long clients train.
+ONE_EPOCH = "strategy.train.epochs=1"
 CHILD = [str(REPO / "tests" / "inprocess.py")]
 
 
@@ -170,7 +172,7 @@ def killed_with_rounds_to_redo(out: Path, rows: Rows) -> int:
 # -- FedCorr, killed in each of its stages ---------------------------------------------------------
 
 FEDCORR = ("experiment=smoke", "strategy=fedcorr", "strategy.t1=2", "strategy.t2=4", "strategy.t3=6",
-           "server.checkpoint_every=3", "seed=1")
+           "server.checkpoint_every=3", "seed=1", ONE_EPOCH)
 # rounds 1-20 preprocess (2 iterations of 10 one-client rounds), 21-24 finetune, 25-30 usual;
 # checkpoints every 3 rounds and at 20 and 24. Each kill lands past a checkpoint and before the next.
 FEDCORR_KILLS = [("preprocess", 11), ("finetune", 22), ("usual", 28)]
@@ -234,7 +236,8 @@ STATEFUL = {
 
 
 def _stateful_args(name: str) -> list[str]:
-    return ["experiment=smoke", f"strategy={name}", *STATEFUL[name][0], "server.checkpoint_every=3", "seed=2"]
+    return ["experiment=smoke", f"strategy={name}", *STATEFUL[name][0], "server.checkpoint_every=3", "seed=2",
+            ONE_EPOCH]
 
 
 @pytest.fixture(scope="module", params=sorted(STATEFUL))
@@ -267,7 +270,7 @@ def test_stateful_strategy_killed_mid_run_resumes_to_the_same_results(stateful_r
 # -- a multirun killed in its first job --------------------------------------------------------------
 
 MULTIRUN = ("-m", "seed=1,2", "experiment=smoke", "strategy=fedavg", "strategy.num_rounds=6",
-            "server.checkpoint_every=2")
+            "server.checkpoint_every=2", ONE_EPOCH)
 
 
 def _multirun_args(folder: Path) -> list[str]:
