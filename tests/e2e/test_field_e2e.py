@@ -20,6 +20,9 @@ STAGES = {
     "fedes": ["pretrain"] * 3 + ["estimate"] + ["segd"] * 6,
 }
 COST = {"fednoro": 30, "feddiv": 40, "fedes": 37}
+# One local epoch: the stages, costs and method blocks do not depend on how long clients train, and
+# digits are learnt well past chance in one (best accuracy 0.68-0.79 on seed 1 against 0.95-0.97).
+ONE_EPOCH = "strategy.train.epochs=1"
 
 
 def check(payload: dict, name: str, truth: bool) -> None:
@@ -40,7 +43,7 @@ def check(payload: dict, name: str, truth: bool) -> None:
 @pytest.fixture(scope="module")
 def simulated(tmp_path_factory):
     out = tmp_path_factory.mktemp("field")
-    done = sim("-m", "--jobs", "2", "experiment=smoke", f"strategy={','.join(METHODS)}",
+    done = sim("-m", "--jobs", "2", "experiment=smoke", f"strategy={','.join(METHODS)}", ONE_EPOCH,
                f"out_dir={out}/${{strategy.name}}", f"hydra.sweep.dir={out}/sweep", timeout=900)
     assert done.returncode == 0, done.stderr[-3000:]
     return {name: json.loads((out / name / "results.json").read_text()) for name in METHODS}
@@ -54,5 +57,5 @@ def test_each_method_runs_in_the_ray_simulation(simulated, name):
 @pytest.mark.parametrize("name", METHODS)
 def test_each_method_runs_without_ground_truth(tmp_path, name):
     # As a deployment runs it: the server has no ground truth, so nothing is scored.
-    check(inprocess.run(["experiment=smoke", f"strategy={name}", "ground_truth=false", f"out_dir={tmp_path / 'run'}"]),
-          name, truth=False)
+    check(inprocess.run(["experiment=smoke", f"strategy={name}", ONE_EPOCH, "ground_truth=false",
+                         f"out_dir={tmp_path / 'run'}"]), name, truth=False)
