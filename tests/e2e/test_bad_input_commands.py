@@ -18,9 +18,11 @@ def _words(case: str, tmp: Path) -> list[str]:
     return [*SMOKE, *case.replace("{tmp}", str(tmp)).split()]
 
 
-def _ray_sessions() -> set[str]:
+def _ray_sessions_of(pid: int) -> list[str]:
+    """Ray sessions started by process ``pid``: Ray names each ``session_<date-time>_<pid of its starter>``
+    (so another Ray on the machine, say a concurrent test's, is not taken for this command's)."""
     root = Path("/tmp/ray")
-    return {p.name for p in root.glob("session_*")} if root.exists() else set()
+    return sorted(p.name for p in root.glob(f"session_*_{pid}")) if root.exists() else []
 
 
 @pytest.mark.parametrize(("script", "case", "starts"), [
@@ -33,15 +35,15 @@ def _ray_sessions() -> set[str]:
     ("export.py", "export.true_labels=maybe", "export.true_labels='maybe'"),
 ])
 def test_the_commands_print_one_error_line_and_exit_2(script, case, starts, tmp_path):
-    sessions = _ray_sessions()
     (tmp_path / "cwd").mkdir()
     (tmp_path / "blocker").write_text("a file where a folder should be")
-    done = subprocess.run([sys.executable, str(REPO / script), *_words(case, tmp_path / "blocker")],
-                          cwd=tmp_path / "cwd", capture_output=True, text=True, timeout=120)
-    assert done.returncode == 2, done.stderr[-2000:]
-    lines = done.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith(f"error: {starts}"), done.stderr[-2000:]
-    assert list((tmp_path / "cwd").iterdir()) == [] and _ray_sessions() == sessions
+    command = subprocess.Popen([sys.executable, str(REPO / script), *_words(case, tmp_path / "blocker")],
+                               cwd=tmp_path / "cwd", stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    _, stderr = command.communicate(timeout=120)
+    assert command.returncode == 2, stderr[-2000:]
+    lines = stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"error: {starts}"), stderr[-2000:]
+    assert list((tmp_path / "cwd").iterdir()) == [] and _ray_sessions_of(command.pid) == []
 
 
 def test_a_runtime_that_fails_to_start_ends_the_process_with_one_error_line(tmp_path):
