@@ -13,6 +13,7 @@ config key. Every refusal is one ``InvalidValue``, whose message ``<key>=<value>
 
 from __future__ import annotations
 
+import functools
 import math
 import typing
 from collections.abc import Mapping
@@ -242,9 +243,17 @@ def constraints(cls: type) -> dict[str, Constraint]:
     return {spec.name: spec.metadata[CONSTRAINT] for spec in fields(cls) if spec.metadata.get(CONSTRAINT)}
 
 
+@functools.cache
+def type_hints(cls: type) -> dict[str, Any]:
+    """``typing.get_type_hints(cls)``, worked out once per class: with postponed annotations every call
+    evaluates each annotation's text again, and settings are built from their classes thousands of
+    times in a sweep or a test run. Callers must not modify the returned dict."""
+    return typing.get_type_hints(cls)
+
+
 def nested_type(cls: type, spec: Field[Any]) -> type | None:
     """The ``Checked`` dataclass a field of ``cls`` holds (``X`` or ``X | None``), or None."""
-    hint = typing.get_type_hints(cls)[spec.name]
+    hint = type_hints(cls)[spec.name]
     for candidate in (hint, *typing.get_args(hint)):
         if isinstance(candidate, type) and issubclass(candidate, Checked) and is_dataclass(candidate):
             return candidate
@@ -266,7 +275,7 @@ def _required(spec: Field[Any]) -> bool:
 
 
 def _admits_none(cls: type, spec: Field[Any]) -> bool:
-    return type(None) in typing.get_args(typing.get_type_hints(cls)[spec.name])
+    return type(None) in typing.get_args(type_hints(cls)[spec.name])
 
 
 def from_mapping(cls: type[T], cfg: Any, prefix: str, **given: Any) -> T:

@@ -20,7 +20,7 @@ from dataclasses import Field, fields, is_dataclass
 from typing import TYPE_CHECKING, Any, TypeGuard, TypeVar
 
 from common.errors import ConfigError, InvalidValue
-from common.validation import NAMESPACED
+from common.validation import NAMESPACED, type_hints
 
 if TYPE_CHECKING:
     from _typeshed import DataclassInstance
@@ -52,10 +52,6 @@ def record_key(name: str) -> str:
     return name.replace("_", "-")
 
 
-def _hints(cls: type) -> dict[str, Any]:
-    return typing.get_type_hints(cls)
-
-
 def _unwrap_optional(hint: Any) -> tuple[Any, bool]:
     """(the type inside ``X | None``, True) or (hint, False)."""
     if isinstance(hint, types.UnionType) or typing.get_origin(hint) is typing.Union:
@@ -78,7 +74,7 @@ def _nested_prefix(spec: Field[Any], prefix: str) -> str:
 def keys_of(cls: type, prefix: str = "") -> list[str]:
     """Every record key a payload class uses, nested payloads included."""
     keys: list[str] = []
-    hints = _hints(cls)
+    hints = type_hints(cls)
     for spec in fields(cls):
         inner, _ = _unwrap_optional(hints[spec.name])
         if _is_payload_class(inner):
@@ -92,7 +88,7 @@ def typed_keys(cls: type, prefix: str = "") -> dict[str, Any]:
     """Every record key a payload class uses (as ``keys_of``), with its field's type (``X | None``
     unwrapped to ``X``)."""
     typed: dict[str, Any] = {}
-    hints = _hints(cls)
+    hints = type_hints(cls)
     for spec in fields(cls):
         inner, _ = _unwrap_optional(hints[spec.name])
         if _is_payload_class(inner):
@@ -146,7 +142,7 @@ def _scalar(value: Any, hint: Any, sender: str, key: str) -> Scalar:
 
 
 def _decode(cls: type[T], record: Mapping[str, Any], sender: str, prefix: str = "") -> T:
-    hints = _hints(cls)
+    hints = type_hints(cls)
     kwargs: dict[str, Any] = {}
     for spec in fields(cls):
         hint, optional = _unwrap_optional(hints[spec.name])

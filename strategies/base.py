@@ -5,7 +5,6 @@ sees every finished round."""
 from __future__ import annotations
 
 import logging
-import typing
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, ClassVar, TypeVar
@@ -16,7 +15,7 @@ from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Result, Strategy
 
 from common.errors import ConfigError
-from common.validation import Checked
+from common.validation import Checked, type_hints
 from protocol.codec import ProtocolError
 from protocol.messages import StateScope, read_arrays, read_reply, with_scope
 from strategies.context import StrategyContext
@@ -170,7 +169,7 @@ class FederatedStrategy(Strategy):
     @classmethod
     def settings_type(cls) -> type[StrategySettings]:
         """The settings dataclass the strategy is built from: the type of its ``settings``."""
-        declared = typing.get_type_hints(cls)["settings"]
+        declared = type_hints(cls)["settings"]
         assert isinstance(declared, type) and issubclass(declared, StrategySettings)
         return declared
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import os
 
 import numpy as np
@@ -25,8 +26,14 @@ def load_digits(
 
     Pixel values 0..16 are scaled to 0..255. Mean and std come from the train images on the [0, 1]
     scale. The data ships inside scikit-learn, so ``root``, ``download`` and ``cache_dir`` are
-    accepted for a uniform signature and ignored.
+    accepted for a uniform signature and ignored. Built once per process: its arrays are read-only,
+    so every caller can share them.
     """
+    return _digits()
+
+
+@functools.cache
+def _digits() -> Dataset:
     # Imported here: scikit-learn is slow to import and only this dataset needs it.
     from sklearn.datasets import load_digits as sklearn_digits
     from sklearn.model_selection import train_test_split
