@@ -18,10 +18,13 @@ from protocol.messages import CONFIG, TRAIN
 from server.config import load_run
 from settings.compose import compose_config
 from task.evaluation import evaluate, evaluate_by_class
-from task.learners import Batch
-from task.learners.coteaching import Coteaching, kept_count
+from task.learner_settings import LearnerSchedule
+from task.learners import Batch, make_learner
+from task.learners.ce import CrossEntropy
+from task.learners.coteaching import Coteaching, kept_count, small_loss_rows
 from task.learners.lsr import LocalSelfRegularisation, classification_loss, distillation, lsr_loss, sharpen, tempered
-from task.learners.sce import reverse_cross_entropy, symmetric_cross_entropy
+from task.learners.mixup import Mix, Mixup, beta_stream
+from task.learners.sce import SymmetricCrossEntropy, reverse_cross_entropy, symmetric_cross_entropy
 
 SMOKE = "experiment=smoke"
 
@@ -52,6 +55,12 @@ def test_tempered_predictions_at_t_d_one_third_and_their_floor():
     # softmax([0, 3 ln 2]) = [1/9, 8/9]; the second row's tiny entry is clamped to 1e-6.
     assert torch.allclose(q[0], torch.tensor([1 / 9, 8 / 9]))
     assert q[1, 0].item() == pytest.approx(1e-6)
+    # The clamp's upper bound 1 counts too: softmax((0, -20)) is (1 - 2e-9, 2e-9), exactly (1, 2e-9) in
+    # float32; both entries are clamped (1 at the top, 2e-9 up to 1e-6) and a clamped entry passes no
+    # gradient, so neither logit gets any (without the bound the second would get -2e-9 via the first).
+    saturated = torch.tensor([[0.0, -20.0]], requires_grad=True)
+    tempered(saturated, 1.0)[0, 0].backward()
+    assert torch.equal(saturated.grad, torch.zeros(1, 2))
 
 
 def test_js_and_l1_distillation_by_hand():
@@ -161,6 +170,19 @@ def test_lsr_plus_entropy_is_the_mean_over_rows_in_either_form():
     assert code.reported.item() == pytest.approx(cls, rel=1e-6)
 
 
+def test_a_zero_weight_leaves_out_the_term_it_would_scale():
+    # gamma_t = 0 (the warm-up's first round) and lambda_e = 0 switch their terms off: neither term is
+    # computed, so one that cannot be (T_d = 1e-39 overflows o / T_d in float32: the tempered views
+    # are nan) does not turn the objective into cls + 0 * nan = nan.
+    o1 = torch.tensor([[1.0, 0.0]])
+    o2 = torch.tensor([[0.0, 1.0]])
+    settings = lsr_settings(distill_temperature=1e-39, entropy_form="tempered")
+    # lambda = 1/2 mixes the views' softmaxes (a, 1 - a) and (1 - a, a) into (1/2, 1/2), which any
+    # sharpening keeps; cross-entropy with it as logits is log 2.
+    loss = lsr_loss(o1, o2, torch.tensor([0]), 0.5, 0.0, settings)
+    assert loss.objective.item() == pytest.approx(math.log(2.0))
+
+
 @pytest.mark.parametrize("augment_draw", ["sample", "batch"])
 def test_the_lsr_learner_feeds_both_views_with_one_beta_one_one_lambda(augment_draw: str):
     # Alg. 1: the batch and its second view (drawn per image or once per batch) through the same
@@ -203,6 +225,23 @@ def test_reverse_cross_entropy_clamps_log_zero_at_the_label_floor():
     options = sce_settings(alpha=0.1, beta=1.0)
     expected = 0.1 * -math.log(0.7) + 1.0 * -math.log(1e-4) * 0.3
     assert symmetric_cross_entropy(logits, labels, options).item() == pytest.approx(expected, rel=1e-5)
+    # In double precision, to double precision: log(1e-4) taken in single precision is off by ~1e-8.
+    in_double = torch.tensor([[math.log(0.7), math.log(0.2), math.log(0.1)]], dtype=torch.float64)
+    exact = reverse_cross_entropy(in_double, labels, 1e-4).item()
+    assert exact == pytest.approx(-math.log(1e-4) * 0.3, rel=1e-12)
+
+
+def test_reverse_cross_entropy_keeps_each_prediction_at_least_1e_7():
+    # Per sample: a prediction all on the label (the others underflow to 0 in float32) counts each
+    # other class as 1e-7, so its RCE is -log(1e-4) * 2e-7, not 0; the first row is as above.
+    logits = torch.tensor([[math.log(0.7), math.log(0.2), math.log(0.1)], [0.0, -200.0, -200.0]])
+    per_sample = reverse_cross_entropy(logits, torch.tensor([0, 0]), 1e-4)
+    assert per_sample.tolist() == pytest.approx([-math.log(1e-4) * 0.3, -math.log(1e-4) * 2e-7], rel=1e-5)
+    # ... and at most 1 (the clamp to [1e-7, 1]): a confidently wrong prediction, exactly (1, 2e-9, 2e-9)
+    # in float32 with label 1, is clamped in every entry, and a clamped entry passes no gradient.
+    saturated = torch.tensor([[0.0, -20.0, -20.0]], requires_grad=True)
+    reverse_cross_entropy(saturated, torch.tensor([1]), 1e-4).sum().backward()
+    assert torch.equal(saturated.grad, torch.zeros(1, 3))
 
 
 def test_coteaching_keeps_the_small_loss_share_and_ramps_its_forget_rate():
@@ -238,6 +277,17 @@ def test_each_coteaching_network_learns_from_the_rows_its_peer_kept():
     ce = torch.nn.functional.cross_entropy
     expected = ce(first.table[2:], labels[2:]) + ce(second.table[:2], labels[:2])
     assert loss.objective.item() == pytest.approx(expected.item())
+    # It reports the mean of the two networks' losses. Each is log(1 + e) and log(1 + e^2) on its two
+    # rows (logits (0, 1) and (0, 2) against label 0), averaged: their mean is that average too.
+    assert loss.reported.item() == pytest.approx((math.log(1 + math.e) + math.log(1 + math.e**2)) / 2)
+
+
+def test_coteaching_needs_a_pair_and_breaks_ties_in_the_losses_by_row_order():
+    batch = Batch(torch.zeros(2, 1, 1, 1), torch.tensor([0, 1]), lambda x, g: x, torch.Generator())  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match="^learner=coteaching needs a PeerPair of two networks, not a Linear$"):
+        Coteaching(forget_rate=0.5)(nn.Linear(1, 2), batch)
+    # Equal losses (identical predictions, as from a constant start): the first rows are kept.
+    assert torch.equal(small_loss_rows(torch.zeros(1000), 300), torch.arange(300))
 
 
 def test_a_pair_scores_as_the_mean_of_its_networks(digits):
@@ -253,6 +303,48 @@ def test_a_pair_scores_as_the_mean_of_its_networks(digits):
     assert both.loss == pytest.approx((each[0].loss + each[1].loss) / 2)
     assert evaluate_by_class(PeerPair(*nets), images, labels, eval_tf) == (both, None)  # no single prediction
     assert is_pair_state(PeerPair(*nets).state_dict()) and not is_pair_state(nets[0].state_dict())
+
+
+# --- Mixup's draws ---------------------------------------------------------------------------------
+
+def test_the_beta_stream_is_seeded_with_one_draw_in_zero_to_two_to_the_63_minus_one():
+    # The seed is the generator's randint in [0, 2^63 - 1): a NumPy seed of 63 bits. Sixteen
+    # generator seeds, so that a different range (which moves about half of the draws) shows.
+    for seed in range(16):
+        drawn = int(torch.randint(0, 2**63 - 1, (1,), generator=torch.Generator().manual_seed(seed)))
+        assert beta_stream(torch.Generator().manual_seed(seed)).bit_generator.seed_seq.entropy == drawn
+
+
+def test_mixup_draws_on_the_generators_device_whatever_the_default_device():
+    # A default device (meta here, whose tensors hold no values; CUDA in practice) must not move the
+    # draws off the generator's device: the Beta stream's seed and the partner permutation are the
+    # generator's draws, and the permutation is then moved to the device asked for.
+    generator = torch.Generator().manual_seed(4)
+    with torch.device("meta"):
+        mixup = Mixup(0.5, generator)
+        mix = mixup.draw(6, torch.device("cpu"))
+        elsewhere = mixup.draw(6, torch.device("meta"))
+    replay = torch.Generator().manual_seed(4)
+    seed = int(torch.randint(0, 2**63 - 1, (1,), generator=replay))
+    assert mix.lam == float(np.random.default_rng(seed).beta(0.5, 0.5))
+    assert torch.equal(mix.partner, torch.randperm(6, generator=replay))
+    assert elsewhere.partner.device == torch.device("meta")
+
+
+def test_mixup_asks_for_the_partners_on_the_batchs_device():
+    # The permutation is drawn on the generator's device and must index the batch on the batch's
+    # device (one left on a CUDA generator's device cannot index a CPU batch).
+    asked: list[torch.device] = []
+
+    class Recording(Mixup):
+        def draw(self, batch: int, device: torch.device) -> Mix:
+            asked.append(device)
+            return super().draw(batch, device)
+
+    batch = Batch(torch.arange(4).view(4, 1, 1, 1), torch.zeros(4, dtype=torch.long), lambda x, g: x.float(),
+                  torch.Generator())  # type: ignore[arg-type]
+    Recording(1.0, torch.Generator().manual_seed(0))(nn.Flatten(), batch)  # one logit per sample
+    assert asked == [torch.device("cpu")]
 
 
 # --- the second view -------------------------------------------------------------------------------
@@ -284,6 +376,26 @@ def test_colour_distortion_keeps_shape_and_a_zero_hue_shift_is_the_identity():
     assert torch.equal(second_view(images, torch.Generator().manual_seed(2)), view)
     with pytest.raises(ValueError, match="1 or 3 channels"):
         second_view(torch.zeros(1, 2, 4, 4, dtype=torch.uint8), torch.Generator())
+
+
+# --- the learner by name --------------------------------------------------------------------------
+
+def test_each_learner_is_built_by_name_with_its_settings_and_this_rounds_schedule():
+    # The name picks the objective (a wrong one trains too, so the end-to-end runs cannot tell);
+    # Co-teaching and LSR take this round's forget rate and gamma_t from the server's schedule.
+    schedule = LearnerSchedule(distill_weight=0.3, forget_rate=0.2)
+    generator = torch.Generator().manual_seed(0)
+    mixup = make_learner(local_training(learner="mixup", mixup_alpha=0.5), schedule, generator)
+    assert isinstance(mixup, Mixup) and mixup.alpha == 0.5 and mixup.generator is generator
+    sce = make_learner(local_training(learner="sce", sce=sce_settings(beta=0.5)), schedule, generator)
+    assert isinstance(sce, SymmetricCrossEntropy) and sce.settings == sce_settings(beta=0.5)
+    pair = local_training(learner="coteaching", coteaching=coteaching_settings(forget_rate=0.4))
+    coteaching = make_learner(pair, schedule, generator)
+    assert isinstance(coteaching, Coteaching) and coteaching.forget_rate == 0.2
+    lsr = make_learner(local_training(learner="lsr", lsr=lsr_settings(gamma=0.6)), schedule, generator)
+    assert isinstance(lsr, LocalSelfRegularisation) and lsr.settings == lsr_settings(gamma=0.6)
+    assert lsr.weight == 0.3
+    assert isinstance(make_learner(local_training(), schedule, generator), CrossEntropy)
 
 
 # --- settings --------------------------------------------------------------------------------------
