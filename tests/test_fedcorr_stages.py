@@ -8,9 +8,11 @@ import logging
 import numpy as np
 import pytest
 
+from common.errors import ConfigError
 from protocol.fedcorr import CORRECT
 from protocol.messages import CONFIG, TRAIN
 from strategies import fedcorr
+from strategies.rounds import rounds_left
 
 SMALL = "experiment=smoke strategy=fedcorr strategy.train.epochs=1 strategy.t1=2 strategy.t2=2 strategy.t3=2"
 N, M = 10, 3  # clients; clients per stage-2/3 round (frac2 = 0.3 in the smoke preset)
@@ -105,6 +107,13 @@ def test_a_comm_budget_gives_stage_3_what_stages_1_and_2_leave(run_inprocess):
     payload, _ = run_inprocess(f"{SMALL} comm_budget=41")
     # 2 x 10 (stage 1) + 2 x 3 (stage 2) = 26; (41 - 26) // 3 = 5 rounds of stage 3.
     assert stages(payload).count("usual") == 5
+
+
+def test_a_budget_that_stages_1_and_2_spend_whole_leaves_no_round_and_a_smaller_one_is_refused():
+    assert rounds_left(26, 26, 3, "stages 1-2") == 0 and rounds_left(41, 26, 3, "stages 1-2") == 5
+    message = r"^comm_budget=25 is invalid: too small; stages 1-2 alone spend 26 client participations$"
+    with pytest.raises(ConfigError, match=message):
+        rounds_left(25, 26, 3, "stages 1-2")
 
 
 def test_without_ground_truth_no_label_noise_figure_is_reported(run_inprocess, capsys):
