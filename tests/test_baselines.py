@@ -137,6 +137,16 @@ def test_coordinate_median_on_known_arrays():
     assert int(out["n"]) == 4 and out["n"].dtype == states[0]["n"].dtype
 
 
+def test_coordinate_median_of_one_client_of_none_and_near_float32s_maximum():
+    single = {"w": np.array([1.0, -2.0], np.float32)}
+    np.testing.assert_array_equal(coordinate_median([single])["w"], single["w"])
+    with pytest.raises(ValueError, match=r"^nothing to aggregate: no client states$"):
+        coordinate_median([])
+    # The middle pair's mean is taken in float64: 3e38 + 3e38 overflows float32.
+    big = {"w": np.array([3e38], np.float32)}
+    np.testing.assert_array_equal(coordinate_median([big, big])["w"], big["w"])
+
+
 def test_fedmedian_ignores_an_outlier_client():
     strategy = FedMedian(strategy_settings("fedmedian", num_rounds=1, fraction=0.5, train=TRAINING), context())
     strategy.bind(federation())

@@ -8,7 +8,18 @@ import pytest
 
 from data.scene import Scene
 from protocol.fedcorr import CorrectRes, Diagnostics
-from strategies.detection import NO_NOISY_REASON, REAL_NOISE_REASON, detection_block, missing_diagnostics
+from strategies.detection import (
+    MISSING_DIAGNOSTICS_REASON,
+    NO_NOISY_REASON,
+    REAL_NOISE_REASON,
+    counted_scores,
+    detection_block,
+    detection_scores,
+    mean_abs_error,
+    mean_squared_error,
+    missing_diagnostics,
+    scored_detection,
+)
 from strategies.fedcorr_metrics import FedCorrMonitor
 from strategies.ground_truth import GroundTruth
 
@@ -72,6 +83,15 @@ def test_real_noise_is_recognised_from_the_scene():
     assert real.true_noise[1] == pytest.approx(0.5) and real.label_subset().startswith("the 4 of 8 samples")
     wrong_on_clean = GroundTruth.from_scene(scene(labels, shipped, np.zeros(2)))
     assert wrong_on_clean.real_noise, "every label is known, but the dataset shipped a wrong one"
+
+
+def test_a_client_without_samples_counts_none_known_and_has_no_noise_rate():
+    labels = np.arange(4) % 2
+    empty_last = Scene(spec={"num_clients": 3}, indices=np.arange(4), client=np.array([0, 0, 1, 1]),
+                       noisy_labels=labels, true_labels=labels, noise_level=np.zeros(3))
+    ground = GroundTruth.from_scene(empty_last)
+    assert ground.sizes == {0: 2, 1: 2, 2: 0} and ground.known == {0: 2, 1: 2, 2: 0}
+    assert ground.true_noise[0] == 0.0 and np.isnan(ground.true_noise[2])
 
 
 def test_real_noise_reports_detection_as_not_applicable_and_noise_on_the_known_subset():
@@ -149,3 +169,44 @@ def test_a_correction_without_ground_truth_counts_nulls_the_figures_that_need_th
     partial = FedCorrMonitor([0, 1], truth({0: 0.4, 1: 0.0}, known=0))
     partial.corrected({0: CorrectRes(n_relabeled=30, mu_hat=0.4)}, "stage1")
     assert partial.results()["label_noise_not_available"] is None
+
+
+@pytest.mark.parametrize(("hits", "flagged", "actual", "expected"), [
+    (1, 3, 2, (1 / 3, 1 / 2, 0.4)),  # F1 = 2 * (1/3) * (1/2) / (1/3 + 1/2) = (1/3) / (5/6)
+    (2, 2, 2, (1.0, 1.0, 1.0)),
+    (0, 0, 0, (1.0, 1.0, 1.0)),  # nothing flagged and nothing to find: nothing missed, nothing wrong
+    (0, 0, 2, (0.0, 0.0, 0.0)),  # nothing flagged of two to find: F1 0, not 0 / 0
+    (0, 2, 0, (0.0, 1.0, 0.0)),  # two flagged where there was nothing to find
+])
+def test_precision_recall_and_f1_from_counts(hits, flagged, actual, expected):
+    scores = counted_scores(hits, flagged, actual)
+    assert list(scores) == ["precision", "recall", "f1"]
+    assert tuple(scores.values()) == pytest.approx(expected)
+
+
+def test_detection_scores_count_distinct_clients_and_need_ground_truth():
+    # Detected {1, 2} against noisy {2, 3}: one hit of two flagged and two to find.
+    assert detection_scores([1, 2, 2], [2, 3]) == pytest.approx({"precision": 0.5, "recall": 0.5, "f1": 0.5})
+    assert scored_detection([1], None) is None
+    # Real noise: no client is noisy by construction, so the truly noisy list is null, not empty.
+    assert detection_block([0], truth({0: 0.5, 1: 0.0}, real=True)) == {
+        "detected_noisy_clients": [0], "true_noisy_clients": None, "detection": None,
+        "detection_not_applicable": REAL_NOISE_REASON}
+
+
+def test_noise_estimate_errors_skip_clients_whose_truth_is_unknown():
+    estimates = {0: 0.3, 1: 0.5, 2: 0.1}
+    truth = {0: 0.1, 1: float("nan"), 2: 0.4}  # errors +0.2 and -0.3; client 1's truth is unknown
+    assert mean_abs_error(estimates, truth) == pytest.approx((0.2 + 0.3) / 2)
+    assert mean_squared_error(estimates, truth) == pytest.approx((0.04 + 0.09) / 2)
+    unknown = dict.fromkeys(estimates, float("nan"))
+    assert mean_abs_error(estimates, unknown) is None and mean_squared_error(estimates, unknown) is None
+
+
+def test_the_missing_diagnostics_reason_names_the_first_ten_clients_in_order():
+    assert missing_diagnostics([]) is None
+    assert missing_diagnostics([3, 1]) == MISSING_DIAGNOSTICS_REASON.format(clients="[1, 3]")
+    assert missing_diagnostics(range(9, -1, -1)) == MISSING_DIAGNOSTICS_REASON.format(
+        clients="[0, 1, 2, 3, 4, 5, 6, 7, 8, 9]")
+    assert missing_diagnostics(range(11)) == MISSING_DIAGNOSTICS_REASON.format(
+        clients="[0, 1, 2, 3, 4, 5, 6, 7, 8, 9 ...]")

@@ -27,6 +27,7 @@ from strategies.feddiv import MAIN, FedDiv
 from strategies.federation import Federation
 from task.consistency import consistent, debiased_labels, updated_prior
 from task.learners.base import Batch
+from task.learners.mixup import Mixup
 from task.learners.uniform_prior import MixupUniformPrior, uniform_prior_penalty
 from task.noise_filter import NoiseFilter, aggregate_filters, clean_posterior, fit_filter, min_max, random_filter
 
@@ -257,6 +258,60 @@ def test_the_codes_extra_pass_moves_batch_norm_statistics_and_not_the_loss():
     (plain_loss, plain_mean, plain_count), (extra_loss, extra_mean, extra_count) = results
     assert extra_loss == pytest.approx(plain_loss, rel=1e-6)
     assert (plain_count, extra_count) == (1, 2) and not torch.allclose(plain_mean, extra_mean)
+
+
+class ConstantLogits(nn.Module):
+    """The same logits whatever the input (plus 0 * x, so the input is used); counts its forward passes."""
+
+    def __init__(self, logits: torch.Tensor) -> None:
+        super().__init__()
+        self.logits = nn.Parameter(logits.clone())
+        self.calls = 0
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.calls += 1
+        return self.logits + 0 * x.sum()
+
+
+def float_batch(labels: list[int], images: torch.Tensor | None = None) -> Batch:
+    """A batch whose transform only turns the uint8 images into floats."""
+    images = torch.zeros(len(labels), 1, 2, 2, dtype=torch.uint8) if images is None else images
+    return Batch(images, torch.tensor(labels), lambda images, generator=None: images.float(), torch.Generator())
+
+
+def test_without_mixing_the_objective_is_cross_entropy_plus_eta_times_the_penalty_in_one_pass():
+    # Both rows predict (0.75, 0.25): labels 0 and 1 give CE (-log 0.75 - log 0.25) / 2, and the
+    # penalty is the KL of the test above; eta = 2.
+    model = ConstantLogits(torch.tensor([[math.log(3.0), 0.0], [math.log(3.0), 0.0]]))
+    loss = MixupUniformPrior(0.0, 2.0, torch.Generator().manual_seed(0))(model, float_batch([0, 1]))
+    ce = -(math.log(0.75) + math.log(0.25)) / 2
+    penalty = 0.5 * math.log(0.5 / 0.75) + 0.5 * math.log(0.5 / 0.25)
+    assert loss.reported.item() == pytest.approx(ce, rel=1e-6)
+    assert loss.objective.item() == pytest.approx(ce + 2.0 * penalty, rel=1e-6)
+    assert model.calls == 1, "no extra pass unless asked for"
+
+
+def test_eta_zero_is_the_plain_loss_even_where_the_penalty_is_infinite():
+    # exp(-200) underflows in float32: no row gives class 1 any mass, so the penalty is +inf; eta = 0
+    # must leave the loss as it is (0 here: class 0 has all the mass), not add 0 * inf = nan.
+    model = ConstantLogits(torch.tensor([[0.0, -200.0], [0.0, -200.0]]))
+    assert uniform_prior_penalty(model.logits.detach()).item() == math.inf
+    loss = MixupUniformPrior(0.0, 0.0, torch.Generator().manual_seed(0))(model, float_batch([0, 0]))
+    assert loss.objective.item() == 0.0 and loss.reported.item() == 0.0
+
+
+def test_with_mixing_the_loss_is_mixups_on_the_same_draws():
+    # The learner is Mixup plus the penalty: at eta = 0 it reports what Mixup does with the same
+    # stream (lambda and partners), which the plain cross-entropy of the unmixed batch is not.
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Flatten(), nn.Linear(4, 3))
+    images = torch.arange(24, dtype=torch.uint8).reshape(6, 1, 2, 2)
+    labels = [0, 1, 2, 0, 1, 2]
+    ours = MixupUniformPrior(1.0, 0.0, torch.Generator().manual_seed(2))(model, float_batch(labels, images))
+    mixup = Mixup(1.0, torch.Generator().manual_seed(2))(model, float_batch(labels, images))
+    plain = nn.functional.cross_entropy(model(images.float()), torch.tensor(labels))
+    assert ours.reported.item() == pytest.approx(mixup.reported.item(), rel=1e-6)
+    assert ours.reported.item() != pytest.approx(plain.item(), rel=1e-3)
 
 
 TRAINING = local_training(lr=0.01, epochs=1, batch_size=4)

@@ -10,6 +10,7 @@ import torch
 from defaults import context, local_training, strategy_settings
 from flwr.app import Array, ArrayRecord, ConfigRecord, RecordDict
 from torch import nn
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from client import app as client_app
 from common.errors import ConfigError, InvalidValue
@@ -230,6 +231,40 @@ def test_strict_freeze_keeps_masked_weights_where_momentum_would_move_them():
     before, after, kept = masked_step(strict_freeze=True)
     moved = (after != before).nonzero().flatten().tolist()
     assert moved == [int(kept)], "strict freeze: only the kept entry moves"
+
+
+def test_the_kept_gradient_is_scaled_in_the_parameters_own_precision():
+    model = nn.Linear(2, 1, bias=False).double()
+    with torch.no_grad():
+        model.weight.fill_(1.0)
+    model.weight.grad = torch.tensor([[1.0, 3.0]], dtype=torch.float64)
+    selective_gradient(model, rho=0.1)()  # m = 2, k = max(1, floor(0.2)) = 1: the 3 is kept
+    # 0.1 has no exact float32 value: a float64 gradient is scaled by the float64 0.1.
+    assert model.weight.grad.tolist() == [[0.0, 3.0 * 0.1]]
+
+
+class OneDevicePerOperation(TorchDispatchMode):
+    """Refuses an operation on tensors of two devices, as CUDA does (the meta device, which stands in
+    for a GPU here, lets an in-place one through)."""
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        tensors = [value for value in (*args, *kwargs.values()) if isinstance(value, torch.Tensor)]
+        devices = {tensor.device for tensor in tensors if tensor.dim()}  # a 0-d CPU tensor is a scalar
+        if len(devices) > 1:
+            raise RuntimeError(f"{func} mixes the devices {sorted(map(str, devices))}")
+        return func(*args, **kwargs)
+
+
+def test_a_static_mask_measured_on_the_cpu_follows_the_model_to_its_device():
+    # update_criticality measures on the CPU; the mask must move to where the gradients are.
+    model = nn.Sequential(nn.Linear(2, 2), nn.Linear(2, 1)).to("meta")
+    for param in model.parameters():
+        param.grad = torch.ones_like(param)
+    adjust = selective_gradient(model, rho=0.5, fixed_criticality=torch.tensor([9.0, 1.0, 2.0, 8.0, 0.0, 7.0]))
+    with OneDevicePerOperation():
+        adjust()
+    assert all(param.grad.device.type == "meta" for param in model.parameters())
 
 
 # --- NaAgg and the strategy ------------------------------------------------------------------------

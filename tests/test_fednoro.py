@@ -4,6 +4,7 @@ ramp, the distance weights, the logit-adjusted distillation), its settings, and 
 from __future__ import annotations
 
 import math
+import warnings
 
 import numpy as np
 import pytest
@@ -77,6 +78,14 @@ def test_missing_classes_count_as_clean_and_columns_are_min_max_normalised():
     np.testing.assert_allclose(matrix, [[0.0, 0.0, 0.0], [1.0, 0.0, 0.0], [0.5, 1.0, 0.0]])
 
 
+def test_whole_number_losses_scale_to_fractions_and_a_class_nobody_has_is_zero():
+    # Column 0: no client has the class, nothing to scale -> 0, and the next column is still scaled;
+    # column 1's integer losses 1, 3, 2 -> (x - 1) / 2, the half included.
+    losses = np.array([[0, 1], [0, 3], [0, 2]])
+    present = np.array([[0, 1], [0, 1], [0, 1]])
+    np.testing.assert_array_equal(normalised_class_losses(losses, present), [[0.0, 0.0], [0.0, 1.0], [0.0, 0.5]])
+
+
 def test_the_vote_finds_the_high_loss_clients_and_reports_agreement():
     rng = np.random.default_rng(0)
     clean = rng.normal(0.1, 0.03, size=(12, 4))
@@ -87,6 +96,22 @@ def test_the_vote_finds_the_high_loss_clients_and_reports_agreement():
     assert agreement == 1.0
     # Identical rows carry no split.
     assert voted_noisy_rows(np.ones((5, 3)), seeds=[0, 1]) == ((), 1.0)
+
+
+def test_two_clients_and_one_class_split_and_each_fit_is_seeded_with_its_own_seed(monkeypatch):
+    import sklearn.mixture
+
+    seeds = []
+    mixture = sklearn.mixture.GaussianMixture
+
+    def recorded(**options):
+        seeds.append(options.get("random_state"))
+        return mixture(**options)
+
+    monkeypatch.setattr(sklearn.mixture, "GaussianMixture", recorded)
+    # Two distinct clients are enough for a split: each is a component, the higher loss is noisy.
+    assert voted_noisy_rows(np.array([[0.0], [1.0]]), seeds=[0, 1, 2, 3, 4, 5]) == ((1,), 1.0)
+    assert seeds == [0, 1, 2, 3, 4, 5], "every fit takes its own seed, so a vote can be repeated"
 
 
 def test_the_distillation_weight_ramps_from_the_warm_up_to_its_ceiling():
@@ -123,6 +148,13 @@ def test_the_log_prior_is_minus_infinity_for_an_absent_class_unless_floored():
     prior = class_log_prior(np.array([0, 0, 0, 1]), 3)
     assert prior[0].item() == pytest.approx(math.log(0.75)) and prior[2].item() == -math.inf
     assert class_log_prior(np.array([0, 0, 0, 1]), 3, floor=1e-8)[2].item() == pytest.approx(math.log(1e-8))
+
+
+def test_the_log_prior_takes_labels_stored_as_floats_and_log_zero_raises_no_warning():
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # -inf for the absent class is meant: no divide-by-zero warning
+        prior = class_log_prior(np.array([0.0, 0.0, 1.0, 1.0]), 3)
+    assert prior[:2].tolist() == pytest.approx([math.log(0.5)] * 2) and prior[2].item() == -math.inf
 
 
 class _Fixed(torch.nn.Module):
@@ -164,10 +196,47 @@ def test_noisy_clients_mix_the_adjusted_loss_with_distillation_from_the_teacher(
     assert loss.reported.item() == pytest.approx(ce.item())
 
 
+def test_a_teacher_without_a_kd_weight_is_never_run_and_the_default_temperature_is_one():
+    logits = torch.tensor([[1.0, 2.0, 0.5], [0.0, 0.0, 3.0]])
+    teacher_logits = torch.tensor([[2.0, 0.0, 0.0], [0.0, 1.0, 0.0]])
+    log_prior = torch.log(torch.tensor([0.5, 0.25, 0.25]))
+    adjusted = logits + log_prior
+    ce = F.cross_entropy(adjusted, torch.tensor([0, 2]))
+    teacher, calls = _Fixed(teacher_logits), []
+    teacher.register_forward_hook(lambda *_: calls.append(1))
+    loss = LogitAdjustedDistillation(log_prior, 1.0, teacher)(_Fixed(logits), _batch([0, 2]))
+    assert loss.objective.item() == pytest.approx(ce.item()) and calls == [], "kd_weight 0 by default"
+    # kd_weight 0.5 at the default T = 1: the teacher's plain softmax is the target.
+    target = torch.softmax(teacher_logits, dim=1)
+    kl = (target * (target.log() - torch.log_softmax(adjusted, dim=1))).sum(dim=1).mean()
+    mixed = LogitAdjustedDistillation(log_prior, 1.0, teacher, kd_weight=0.5)(_Fixed(logits), _batch([0, 2]))
+    assert mixed.objective.item() == pytest.approx((0.5 * ce + 0.5 * kl).item(), rel=1e-5) and calls == [1]
+
+
+def test_tau_zero_leaves_the_logits_alone_even_with_an_absent_class():
+    # Class 1 is absent (log prior -inf), and 0 * -inf is nan: tau = 0 is a plain cross-entropy.
+    logits = torch.tensor([[1.0, 2.0, 0.5], [0.0, 0.0, 3.0]])
+    log_prior = class_log_prior(np.array([0, 0, 2]), 3)
+    loss = LogitAdjustedDistillation(log_prior, tau=0.0)(_Fixed(logits), _batch([0, 2]))
+    assert loss.objective.item() == pytest.approx(F.cross_entropy(logits, torch.tensor([0, 2])).item())
+
+
+def test_the_prior_shift_follows_the_batch_to_its_device():
+    # The log prior is built on the CPU; the meta device stands in for a GPU: an operation that mixes
+    # it with a CPU tensor fails, as CUDA's does.
+    batch = Batch(torch.zeros(2, 1, 2, 2, dtype=torch.uint8, device="meta"), torch.tensor([0, 2], device="meta"),
+                  lambda images, generator=None: images.float(), torch.Generator())
+    model = _Fixed(torch.zeros(2, 3, device="meta"))
+    loss = LogitAdjustedDistillation(torch.log(torch.tensor([0.5, 0.25, 0.25])), tau=1.0)(model, batch)
+    assert loss.objective.device.type == "meta"
+
+
 def test_an_absent_class_cannot_make_the_distillation_infinite():
     adjusted = torch.tensor([[1.0, -math.inf, 0.0]])
     teacher = torch.tensor([[0.0, 1.0, 0.0]])
-    value = distillation(adjusted, teacher, 1.0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # both softmaxes name the class dimension: no implicit-dim warning
+        value = distillation(adjusted, teacher, 1.0)
     assert torch.isfinite(value)
     target = torch.softmax(teacher, dim=1)
     log_student = torch.log_softmax(adjusted, dim=1)

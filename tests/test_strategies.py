@@ -7,11 +7,12 @@ import torch
 from defaults import context, local_training, strategy_settings
 from flwr.app import Array, ArrayRecord, ConfigRecord, Error, Message, Metadata, MetricRecord, RecordDict
 
+from common.errors import ConfigError
 from protocol.messages import CONFIG, TrainIns, TrainStats, read_instruction, reply
 from server.config import load_run
 from server.discovery import discover
 from settings.compose import compose_config
-from strategies.aggregation import weighted_average
+from strategies.aggregation import average_buffers, coordinate_median, peer_pair, weighted_average
 from strategies.base import ClientFailure
 from strategies.fedavg import FedAvg
 from strategies.federation import Federation
@@ -58,6 +59,56 @@ def test_weighted_average_keeps_dtypes_and_weights_by_examples():
     out = weighted_average(states, [1, 2])
     assert out["w"].dtype == np.float32 and np.allclose(out["w"], [3.0, 6.0])
     assert out["n"].dtype == states[0]["n"].dtype and int(out["n"]) == 5
+
+
+def test_weighted_average_refuses_nothing_and_weightless_states_and_takes_normalised_weights():
+    with pytest.raises(ValueError, match=r"^nothing to average: no client states$"):
+        weighted_average([], [])
+    state = {"w": np.array([1.0, 2.0])}
+    with pytest.raises(ValueError, match=r"^weights must sum to a positive number, got \[0, 0\]$"):
+        weighted_average([state, state], [0, 0])
+    # Weights that already sum to 1 (DaAgg's) are used as they are: 0.25 * 1 + 0.75 * 5 = 4.
+    assert weighted_average([{"w": np.array([1.0])}, {"w": np.array([5.0])}], [0.25, 0.75])["w"].tolist() == [4.0]
+    assert weighted_average([state], [7])["w"].tolist() == [1.0, 2.0], "one client: its own state"
+
+
+def test_the_mean_of_identical_half_precision_states_is_that_state():
+    # 7 + 2^-8 from each of 7 clients. Each share is taken in float64; rounded to float16 it would be
+    # 1 + 2^-10 (not 1 + 4/7 * 2^-10), and seven of them 7 + 1.75 * 2^-8, which rounds to 7 + 2^-7.
+    value = np.array([7.00390625], np.float16)
+    out = weighted_average([{"w": value}] * 7, [1] * 7)
+    assert out["w"].dtype == np.float16 and out["w"].tolist() == [7.00390625]
+
+
+@pytest.mark.parametrize("aggregate", [lambda states: weighted_average(states, [1, 1]), coordinate_median],
+                         ids=["mean", "median"])
+def test_integer_and_boolean_buffers_are_rounded_to_nearest_not_cut(aggregate):
+    # 3 and 4 meet at 3.5, which rounds (half to even) to 4 where a cast would cut it to 3; the flags
+    # True and False meet at 0.5, which rounds to False where a cast would give True.
+    states = [{"i": np.array(3, np.int64), "u": np.array([3], np.uint8), "b": np.array([True])},
+              {"i": np.array(4, np.int64), "u": np.array([4], np.uint8), "b": np.array([False])}]
+    out = aggregate(states)
+    assert int(out["i"]) == 4 and out["u"].tolist() == [4] and out["b"].tolist() == [False]
+    assert [out[key].dtype for key in ("i", "u", "b")] == [np.int64, np.uint8, np.bool_]
+
+
+def test_average_buffers_is_the_plain_mean_of_what_is_not_a_parameter():
+    states = [{"w": np.array([1.0]), "bn.mean": np.array([1.0, 3.0])},
+              {"w": np.array([9.0]), "bn.mean": np.array([3.0, 7.0])}]
+    out = average_buffers(states, ["w"])
+    assert list(out) == ["bn.mean"] and out["bn.mean"].tolist() == [2.0, 5.0]
+    assert average_buffers(states[:1], ["w"])["bn.mean"].tolist() == [1.0, 3.0], "one client: its buffers"
+    assert average_buffers(states, ["w", "bn.mean"]) == {}, "no buffers: nothing to average"
+
+
+def test_a_peer_pair_state_prefixes_each_networks_arrays_and_needs_the_same_arrays():
+    first = ArrayRecord({"w": Array(np.array([1.0], np.float32)), "b": Array(np.array([2.0], np.float32))})
+    second = ArrayRecord({"w": Array(np.array([3.0], np.float32)), "b": Array(np.array([4.0], np.float32))})
+    pair = peer_pair(first, second)
+    assert list(pair.keys()) == ["first.w", "first.b", "second.w", "second.b"]
+    assert [float(pair[key].numpy()[0]) for key in pair.keys()] == [1.0, 2.0, 3.0, 4.0]
+    with pytest.raises(ValueError, match=r"^the two networks of a pair must have the same arrays$"):
+        peer_pair(first, ArrayRecord({"w": Array(np.array([3.0], np.float32))}))
 
 
 def test_fedavg_aggregates_all_arrays_by_num_examples():
@@ -107,6 +158,14 @@ def test_sampling_is_seeded_and_uniform():
     counts = np.bincount(np.concatenate([sample_clients(rng, list(range(20)), 5) for _ in range(4000)]), minlength=20)
     assert counts.min() > 0.85 * 1000 and counts.max() < 1.15 * 1000
     assert round_size(0.1, 100) == 10 and round_size(0.001, 100) == 1 and round_size(0.1, 100, minimum=15) == 15
+
+
+def test_sampling_may_take_the_whole_population_and_never_takes_a_client_twice():
+    # Drawn with replacement, four of four would repeat a client with probability 0.91 per seed.
+    for seed in range(20):
+        assert sample_clients(np.random.default_rng(seed), [7, 3, 5, 1], 4) == [1, 3, 5, 7]
+    with pytest.raises(ConfigError, match=r"^cannot sample 5 clients from 4$"):
+        sample_clients(np.random.default_rng(0), [7, 3, 5, 1], 5)
 
 
 def test_a_failing_client_stops_the_round_naming_its_partition():
@@ -171,6 +230,9 @@ def test_short_reason_keeps_the_exception_line_of_a_ray_traceback():
              "ValueError: disk on fire\n\n"
     assert short_reason(reason) == "ValueError: disk on fire"
     assert short_reason("") == "(no reason given)"
+    # Ray colours the line that names the error too; the codes go, the text stays.
+    coloured = "Traceback\n\x1b[31mValueError: \x1b[1mdisk\x1b[0m on fire\x1b[0m"
+    assert short_reason(coloured) == "ValueError: disk on fire"
 
 
 def test_an_unavailable_node_error_from_the_superlink_names_the_client():
