@@ -494,9 +494,11 @@ def test_a_smoke_run_estimates_rho_that_ranks_clean_above_noisy(run_inprocess):
 
 
 def test_a_smoke_run_with_reestimation_static_masks_and_own_uploads_follows_its_schedule(run_inprocess):
-    # One local epoch: the schedule does not depend on how long clients train.
+    # One local epoch and the plain mean as mu: the schedule does not depend on how long clients train
+    # or on how each CoP vector is summarised (the GMM summary is the smoke run's above).
     payload, _ = run_inprocess(" ".join([*SMOKE, "strategy.reestimate_every=3", "strategy.mask=static",
-                                         "strategy.cop_origin=own_upload", "strategy.train.epochs=1"]))
+                                         "strategy.cop_origin=own_upload", "strategy.train.epochs=1",
+                                         "strategy.mu=arithmetic_mean"]))
     rounds = payload["rounds"]
     assert [row["stage"] for row in rounds] == ["pretrain"] * 3 + ["estimate", "segd", "segd"] * 2 + ["estimate"]
     assert [row["comm_cost"] for row in rounds] == [3, 6, 9, 19, 22, 25, 35, 38, 41, 51]
