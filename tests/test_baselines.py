@@ -11,7 +11,8 @@ from omegaconf import OmegaConf
 
 from client.plugins.feddyn import STATE_KEY, updated_correction
 from client.state_store import load_parameter_arrays, save_parameter_arrays
-from common.errors import ConfigError
+from common.errors import ConfigError, InvalidValue
+from protocol.codec import ProtocolError
 from protocol.feddyn import FedDynIns
 from protocol.messages import LOSS, Scores, TrainIns, TrainStats, read_instruction, read_plugin_ins, reply
 from server.config import load_run
@@ -22,7 +23,7 @@ from strategies.feddyn import FedDyn, feddyn_server_step
 from strategies.federation import Federation
 from strategies.fedmedian import FedMedian
 from strategies.fedprox import FedProx
-from strategies.poc import PowerOfChoice, highest_loss
+from strategies.poc import PowerOfChoice, _read_loss, highest_loss
 from strategies.registry import plan_strategy
 
 pytestmark = pytest.mark.usefixtures("flower_identity")
@@ -92,6 +93,25 @@ def test_feddyn_corrects_parameters_and_only_averages_buffers():
     assert list(h) == ["w"] and np.allclose(h["w"], [-0.1 / 4 * 4, -0.1 / 4 * 4])
     assert np.allclose(new["w"], [2.0 + 1.0, 2.0 + 1.0]) and new["w"].dtype == np.float32
     assert np.allclose(new["bn.running_mean"], [2.0, 3.0])
+
+
+def test_feddyn_averages_float32_parameters_in_float64_per_coordinate():
+    # 2^24 + 1 + 1 + 0 is 2^24 in float32 (each + 1 rounds to even) but 2^24 + 2 in float64, so the mean of
+    # the first coordinate is 2^22 + 0.5 only when summed in float64. h is chosen so that the new h is 0
+    # (h - alpha/N * drift with alpha = 1, N = 4, start 0): the new global model is the plain mean.
+    states = [{"w": np.array(pair, np.float32)} for pair in ([2.0**24, 3.0], [1.0, 5.0], [1.0, 5.0], [0.0, 7.0])]
+    start = {"w": np.zeros(2, np.float32)}
+    h = {"w": np.array([(2.0**24 + 2) / 4, 20.0 / 4])}
+    new, new_h = feddyn_server_step(start, states, h, alpha=1.0, num_clients=4, parameter_names=["w"])
+    assert new_h["w"].tolist() == [0.0, 0.0]
+    assert new["w"].dtype == np.float32 and new["w"].tolist() == [2.0**22 + 0.5, 5.0]
+
+
+def test_feddyn_step_with_a_single_client():
+    # One sampled client of N = 2 from w = 1 to 2: h = -0.5/2 * 1 = -0.25, w = 2 - h/alpha = 2.5.
+    new, h = feddyn_server_step({"w": np.array([1.0], np.float32)}, [{"w": np.array([2.0], np.float32)}], {},
+                                alpha=0.5, num_clients=2, parameter_names=["w"])
+    assert h["w"].tolist() == [-0.25] and new["w"].tolist() == [2.5] and new["w"].dtype == np.float32
 
 
 def test_feddyn_sends_alpha_and_decays_the_learning_rate():
@@ -203,6 +223,25 @@ def test_poc_trains_the_highest_loss_candidates():
     assert len(set(grid.asked)) == 4 and len(trained) == 2
     assert trained == sorted(sorted(grid.asked, key=lambda pid: -losses[pid])[:2])
     assert strategy.result_blocks() == {"poc": {"d": 4, "loss_queries": 4}}
+
+
+def test_poc_pool_may_be_as_small_as_a_round_or_as_large_as_the_federation():
+    # Both ends of round size <= d <= num_clients are allowed; one client fewer or more is refused.
+    for d, allowed in ((2, False), (3, True), (10, True), (11, False)):
+        settings = strategy_settings("poc", d=d, num_rounds=1, fraction=0.3, train=TRAINING)
+        assert settings.round_size(10) == 3  # round(0.3 * 10)
+        if allowed:
+            settings.check_options(context(num_clients=10))
+        else:
+            with pytest.raises(InvalidValue, match=rf"d={d} is invalid: allowed is between the clients per round "
+                                                   r"\(3\) and num_clients \(10\)"):
+                settings.check_options(context(num_clients=10))
+
+
+def test_poc_loss_reply_without_scores_names_its_sender():
+    # A candidate's bad loss reply is reported as that client's.
+    with pytest.raises(ProtocolError, match="^client 4 sent a bad message: key 'metrics' is missing"):
+        _read_loss(RecordDict(), "client 4")
 
 
 def test_poc_candidates_follow_data_size():

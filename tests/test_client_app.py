@@ -3,13 +3,15 @@
 import numpy as np
 import pytest
 from defaults import local_training
-from flwr.app import ConfigRecord, Context, RecordDict
+from flwr.app import Array, ArrayRecord, ConfigRecord, Context, RecordDict
 
 from client import app as client_app
+from client.plugins import base as plugin_base
 from common.errors import ConfigError
 from protocol.codec import ProtocolError, encode
 from protocol.feddyn import FedDynIns
 from protocol.messages import METRICS, NodeInfo, Scores, TrainIns, TrainStats, instruction, read_reply
+from task.learner_settings import LearnerSchedule
 
 TRAINING = local_training(lr=0.05, epochs=1, batch_size=16)
 
@@ -105,3 +107,32 @@ def test_loss_query_reports_the_global_models_local_loss(run, incoming, node_con
                         Scores, "c")
     assert loss == scores and loss.loss > 0
     assert set(client_app.loss(incoming(message, "query.loss"), node_context(overrides, 3)).content) == {METRICS}
+
+
+def test_plain_training_uses_the_instructions_round_schedule_and_the_nodes_current_labels(monkeypatch):
+    # local_update falls back to the node's own labels and the default (empty) schedule, so the plug-in must
+    # pass the corrected labels, the sent schedule and the round (which picks the node's random stream).
+    corrected = np.array([2, 0, 1])
+    seen = {}
+
+    def recording_update(node, state, hooks, server_round, labels=None):
+        seen.update(node=node, state=state, hooks=hooks, server_round=server_round, labels=labels)
+        return "model", "stats"
+
+    monkeypatch.setattr(plugin_base, "local_update", recording_update)
+    monkeypatch.setattr(plugin_base, "current_labels",
+                        lambda context, node: corrected if (context, node) == ("context", "node") else None)
+    schedule = LearnerSchedule(distill_weight=0.25, forget_rate=0.5)
+    ins = TrainIns(7, TRAINING, schedule=schedule)
+    arrays = ArrayRecord({"w": Array(np.array([1.0, -2.0], np.float32))})
+    trained = plugin_base.ClientPlugin().train("node", "context", ins, instruction(ins, arrays=arrays))
+    assert (trained.model, trained.stats) == ("model", "stats")
+    assert seen["node"] == "node" and seen["server_round"] == 7 and seen["labels"] is corrected
+    assert seen["hooks"].schedule == schedule and seen["hooks"].training == TRAINING
+    assert list(seen["state"]) == ["w"] and seen["state"]["w"].tolist() == [1.0, -2.0]
+
+
+def test_plain_training_without_arrays_blames_the_server():
+    # The arrays come from the server: a message without them names it as the sender.
+    with pytest.raises(ProtocolError, match="^the server sent a bad message: key 'arrays' is missing"):
+        plugin_base.ClientPlugin().train("node", "context", TrainIns(1, TRAINING), instruction(TrainIns(1, TRAINING)))
