@@ -100,16 +100,8 @@ WORKDIR_KEY = "workdir"
 another node of a Ray cluster starts in that node's own folder."""
 
 
-@functools.lru_cache(maxsize=8)
-def _compose_cached(overrides: str) -> DictConfig:
-    return compose_config(shlex.split(overrides))
-
-
 def compose_from_run_config(run_config: Mapping[str, Any]) -> DictConfig:
     """The config for a Flower run: Hydra overrides travel as one string under the run config key
-    ``overrides`` (``flwr run . --run-config 'overrides="experiment=smoke seed=2"'``).
-
-    Cached per process, so a simulated client composes once, not once per message. Callers must
-    not modify the returned config.
-    """
-    return _compose_cached(str(run_config.get(RUN_CONFIG_KEY, "")))
+    ``overrides`` (``flwr run . --run-config 'overrides="experiment=smoke seed=2"'``). Composed once
+    per process, as ``compose_config`` caches its compositions."""
+    return compose_config(shlex.split(str(run_config.get(RUN_CONFIG_KEY, ""))))
