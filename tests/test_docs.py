@@ -1,0 +1,53 @@
+"""The docs name only what the repository holds: links resolve inside it, every config file they name
+exists, and the preset table lists every preset file."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+DOCS = sorted([ROOT / "README.md", *ROOT.glob("docs/**/*.md")])
+LINK = re.compile(r"\]\(([^)#\s]+)(?:#[^)]*)?\)")
+CONF_PATH = re.compile(r"`(conf/[\w/.-]+\.yaml)`")
+PRESET_ROW = re.compile(r"^\| `(\w+\.yaml)` \|", re.MULTILINE)
+
+
+def _name(doc: Path) -> str:
+    return str(doc.relative_to(ROOT))
+
+
+@pytest.mark.parametrize("doc", DOCS, ids=_name)
+def test_links_resolve_inside_the_repository(doc: Path) -> None:
+    """A relative link points at a file of the repository (not at a sibling folder a user lacks)."""
+    for target in LINK.findall(doc.read_text()):
+        if re.match(r"[a-z]+://", target):
+            continue
+        resolved = (doc.parent / target).resolve()
+        assert resolved.is_relative_to(ROOT), f"{_name(doc)} links outside the repository: {target}"
+        assert resolved.exists(), f"{_name(doc)} links to a missing file: {target}"
+
+
+@pytest.mark.parametrize("doc", DOCS, ids=_name)
+def test_no_reference_to_files_outside_the_repository(doc: Path) -> None:
+    """Provenance is stated in the docs themselves, not by a path above the checkout."""
+    assert "../shared" not in doc.read_text(), f"{_name(doc)} names a file outside the repository"
+
+
+@pytest.mark.parametrize("doc", DOCS, ids=_name)
+def test_named_config_files_exist(doc: Path) -> None:
+    """Every `conf/...yaml` a doc names in code quotes is a file of conf/."""
+    missing = [path for path in CONF_PATH.findall(doc.read_text()) if not (ROOT / path).is_file()]
+    assert not missing, f"{_name(doc)} names config files that do not exist: {missing}"
+
+
+def test_preset_table_lists_exactly_the_preset_files() -> None:
+    """configuration.md's preset table has one row per file of conf/preset/, and no row for a file that
+    is not there."""
+    text = (ROOT / "docs" / "configuration.md").read_text()
+    section = text.split("### preset", 1)[1].split("\n## ", 1)[0]
+    listed = set(PRESET_ROW.findall(section))
+    on_disk = {path.name for path in (ROOT / "conf" / "preset").glob("*.yaml")}
+    assert listed == on_disk, f"only in the table: {sorted(listed - on_disk)}; undocumented: {sorted(on_disk - listed)}"
