@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 
 from common.errors import ConfigError
+from common.text import counted
 from common.validation import Flag
 from data.export import CLIENTS_DIR, export_clients
 from data.local_file import check_in_memory
@@ -40,7 +41,7 @@ def main(argv: list[str]) -> int:
     for path, size in zip(paths, sizes):
         print(f"wrote {path} ({size} samples)")
     truth = "with" if keep_truth else "without"
-    print(f"total: {len(paths)} client files, {sizes.sum()} samples, {truth} true labels")
+    print(f"total: {counted(len(paths), 'client file')}, {counted(int(sizes.sum()), 'sample')}, {truth} true labels")
     return 0
 
 

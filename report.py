@@ -23,6 +23,7 @@ import sys
 from pathlib import Path
 
 from common.errors import ConfigError, InvalidValue
+from common.text import counted
 
 
 def main(argv: list[str]) -> int:
@@ -50,7 +51,7 @@ def main(argv: list[str]) -> int:
     except ConfigError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
-    print(f"wrote {report} ({len(runs)} runs)")
+    print(f"wrote {report} ({counted(len(runs), 'run')})")
     return 0
 
 

@@ -32,6 +32,7 @@ from omegaconf import DictConfig, OmegaConf  # noqa: E402
 
 from common.errors import ConfigError, InvalidValue  # noqa: E402
 from common.folders import check_output_folder  # noqa: E402
+from common.text import counted  # noqa: E402
 from data.scene import planned_scene, prepare_scene  # noqa: E402
 from launch.jobs import Finished, Job, Launcher  # noqa: E402
 from reports.runs import MULTIRUN_INDEX  # noqa: E402  (a multirun lists its jobs' out_dirs for report.py)
@@ -261,8 +262,8 @@ def run_concurrently(jobs: list[tuple[list[str], RunPlan]], argv: list[str], lau
               f"{sweep / MULTIRUN_INDEX}. The same command with resume=true continues each stopped run from "
               "its last checkpoint", file=sys.stderr)
         return 130
-    print(f"\n{len(ended)} jobs, {launcher.jobs} at a time" + (f" on {launcher.cluster}" if launcher.cluster else "")
-          + f"; runs listed in {sweep / MULTIRUN_INDEX}")
+    where = f" on {launcher.cluster}" if launcher.cluster else ""
+    print(f"\n{counted(len(ended), 'job')}, {launcher.jobs} at a time{where}; runs listed in {sweep / MULTIRUN_INDEX}")
     for finished in ended:
         state = "ok" if finished.ok else f"FAILED (exit status {finished.returncode})"
         print(f"  {finished.seconds:8.1f} s  {state:<8}  {finished.job.name}  ->  {out_dirs[finished.job.name]}")

@@ -6,6 +6,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from common.text import counted
+
 if TYPE_CHECKING:
     from data.scene import Scene
 
@@ -33,7 +35,7 @@ def format_summary(scene: Scene) -> str:
     lines += [
         "",
         f"dataset {spec['dataset']['name']}: {scene.indices.size} training samples over "
-        f"{scene.num_clients} clients (n min {sizes.min()}, mean {sizes.mean():.1f}, max {sizes.max()})",
+        f"{counted(scene.num_clients, 'client')} (n min {sizes.min()}, mean {sizes.mean():.1f}, max {sizes.max()})",
         f"partition {spec['partition']}, noise {spec['noise']}, seed {spec['seed']}",
         f"noisy clients (true noise > 0): {int(np.sum(noise > 0))}/{scene.num_clients}; "
         f"label noise over all samples: {overall:.4f}",

@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy as np
 from matplotlib.figure import Figure
 
+from common.text import counted
 from data.plot import class_counts, partition_figure
 from data.scene import SCENE_FILE, Scene
 from reports.figures import confusion_figure, curves_figure, lid_figure, noise_estimate_figure, split_figure
@@ -44,7 +45,7 @@ def partition_of(run: Run, drawn: set[str]) -> Figure | None:
     num_classes = int(scene.spec["dataset"]["num_classes"])
     counts = class_counts(scene.client, scene.reference_labels(), scene.num_clients, num_classes)
     return partition_figure(counts, noise_rate=np.clip(scene.true_noise_rate(), 0, 1),
-                            title=f"{run.dataset}: {scene.num_clients} clients")
+                            title=f"{run.dataset}: {counted(scene.num_clients, 'client')}")
 
 
 def write_report(runs: list[Run], out: Path, target: float, x: str = "round",
@@ -55,9 +56,10 @@ def write_report(runs: list[Run], out: Path, target: float, x: str = "round",
     out.mkdir(parents=True, exist_ok=True)
     lines = ["# Run report", ""]
     unfinished = [run for run in runs if not run.complete]
-    lines.append(f"{len(runs)} run(s); target accuracy {100 * target:g}%.")
+    lines.append(f"{counted(len(runs), 'run')}; target accuracy {100 * target:g}%.")
     for run in unfinished:
-        lines.append(f"- unfinished: `{run.path}` ({len(run.rounds)} rounds so far; its figures use what is there)")
+        so_far = counted(len(run.rounds), "round")
+        lines.append(f"- unfinished: `{run.path}` ({so_far} so far; its figures use what is there)")
     datasets = sorted({run.dataset for run in runs})
     for dataset in datasets:
         members = [run for run in runs if run.dataset == dataset]

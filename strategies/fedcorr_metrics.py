@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 
 from common.run_files import CONFUSION, confusion_arrays
+from common.text import counted
 from protocol.fedcorr import CorrectRes
 from strategies.detection import mean_abs_error, missing_diagnostics, not_applicable, scored_detection
 from strategies.ground_truth import GroundTruth
@@ -94,7 +95,7 @@ class FedCorrMonitor:
             "detected_noisy_clients": sorted(detected),
             "mu_hat": {str(k): v for k, v in sorted(mu_hat.items())},
         }
-        line = f"[fedcorr] stage 1 iteration {iteration}: {len(detected)} clients detected noisy"
+        line = f"[fedcorr] stage 1 iteration {iteration}: {counted(len(detected), 'client')} detected noisy"
         if self.truth:
             # A client corrected now was estimated on its labels before this correction; any other
             # client's labels did not change in this iteration.

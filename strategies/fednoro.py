@@ -28,6 +28,7 @@ from flwr.serverapp import Grid
 
 from common.errors import InvalidValue
 from common.seeding import rng_for
+from common.text import counted
 from common.validation import Flag, Interval, Options, option
 from protocol.codec import ProtocolError
 from protocol.fednoro import (
@@ -214,8 +215,9 @@ class FedNoRo(FedAvg):
         block = detection_block(self.noisy, self.context.truth)
         self.detections.append({"after_round": self.stage_rounds, "noisy_clients": len(self.noisy),
                                 "vote_agreement": self.agreement, "detection": block.get("detection")})
-        what = "warm-up rounds" if len(self.detections) == 1 else "rounds (re-detection)"
-        line = (f"[fednoro] detection after {self.stage_rounds} {what}: {len(self.noisy)} of {len(pids)} "
+        what = counted(self.stage_rounds, "warm-up round" if len(self.detections) == 1 else "round")
+        again = "" if len(self.detections) == 1 else " (re-detection)"
+        line = (f"[fednoro] detection after {what}{again}: {len(self.noisy)} of {len(pids)} "
                 f"clients noisy ({100 * self.agreement:.0f}% of {self.settings.gmm_runs} mixture fits agree)")
         if block.get("detection"):
             d = block["detection"]
