@@ -2,6 +2,7 @@
 the process."""
 
 import math
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -11,10 +12,14 @@ from flwr.app import ArrayRecord, Context, RecordDict
 from client import app as client_app
 from client import node as client_node
 from client.label_state import current_labels, load_local_losses, store_local_losses
+from client.plugins import fedcorr as fedcorr_plugin
+from common.seeding import rng_for
 from protocol.codec import ProtocolError
 from protocol.fedcorr import CorrectIns, CorrectRes, LidRes, Stage1Ins
 from protocol.messages import StateScope, TrainIns, instruction, read_extra, read_reply, with_scope
+from task.correction import loss_split
 from task.evaluation import loss_and_proba
+from task.lid import lid_score
 
 TRAINING = local_training(lr=0.05, epochs=1, batch_size=16, learner="mixup", prox_weight=0.5)
 
@@ -30,9 +35,9 @@ def scoped(content: RecordDict, scope: StateScope | None) -> RecordDict:
 
 
 def train_stage1(incoming, context: Context, arrays, server_round: int = 1, keep_losses: bool = True,
-                 scope: StateScope | None = None):
+                 scope: StateScope | None = None, lid_k: int = 20):
     content = instruction(TrainIns(server_round, TRAINING, plugin="fedcorr"), arrays=arrays,
-                          plugin_ins=Stage1Ins(lid_k=20, keep_losses=keep_losses), plugin="fedcorr")
+                          plugin_ins=Stage1Ins(lid_k=lid_k, keep_losses=keep_losses), plugin="fedcorr")
     return client_app.train(incoming(scoped(content, scope), "train"), context)
 
 
@@ -266,3 +271,99 @@ def test_local_losses_survive_a_restarted_supernode_with_a_state_dir(run, incomi
     # Another run on the same node has no losses of its own to split on.
     with pytest.raises(RuntimeError, match="this node kept none"):
         correct(incoming, node_context(), arrays, StateScope(run="r2", round=1), relabel=False)
+
+
+def test_the_confusion_counts_have_every_cell_even_for_classes_no_sample_holds():
+    """Fig. 8's counts are M x M whatever labels occur: truth (0, 1, 1) held as (0, 0, 1) with M = 3
+    fills cells (0,0), (1,0), (1,1) and leaves the six others, the whole last row and column among
+    them, at 0; a sample of unknown truth (-1) counts nowhere."""
+    truth = np.array([0, 1, 1, -1])
+    held = np.array([0, 0, 1, 2])
+    assert fedcorr_plugin.confusion(truth, held, 3) == (1, 0, 0, 1, 1, 0, 0, 0, 0)
+
+
+def test_the_diagnostics_count_the_changed_labels_that_became_right():
+    """changed_correct counts the labels the correction changed *and* made right: of four changed
+    labels three now equal the truth, one went from one wrong label to another; an unchanged right
+    label and an unknown truth count in neither."""
+    truth = np.array([0, 1, 2, 0, 1, 2, -1])
+    before = np.array([1, 2, 0, 1, 1, 2, 0])
+    after = np.array([0, 1, 1, 0, 1, 2, 1])
+    node = SimpleNamespace(data=SimpleNamespace(true_labels=truth), dataset=SimpleNamespace(num_classes=3))
+    counts = fedcorr_plugin.diagnostics(node, before, after)  # type: ignore[arg-type]
+    assert (counts.known, counts.wrong_before, counts.wrong_after) == (6, 4, 1)
+    assert (counts.changed, counts.changed_correct) == (4, 3)
+    assert counts.split_tp is None, "no split outside stage 1"
+
+
+def test_the_plugin_answers_query_correct():
+    """The plug-in registers its correction as the ``correct`` action, which the ClientApp serves as
+    ``query.correct`` (the name the server sends)."""
+    assert fedcorr_plugin.FedCorrPlugin().queries() == {"correct": fedcorr_plugin.correct}
+
+
+def test_a_correction_without_arrays_is_refused_naming_the_server(run, incoming, node_context):
+    """The global model is the server's: a query.correct without it says who sent the bad message."""
+    overrides, _, _ = run
+    content = instruction(CorrectIns(mode="stage2", pi=0.5, theta=0.5, split_losses="local", rank_losses="global"))
+    with pytest.raises(ProtocolError, match="^the server sent a bad message: key 'arrays' is missing$"):
+        client_app.app(incoming(content, "query.correct"), node_context(overrides, 0))
+
+
+def test_stage1_training_reports_the_lid_with_the_instructions_k(run, incoming, node_context):
+    """The LID score uses the k neighbours ``Stage1Ins.lid_k`` names (eq. 2), not the paper's default
+    20: it equals ``lid_score`` with k = 3 of the trained model's softmax outputs on the local set."""
+    overrides, _, arrays = run
+    context = node_context(overrides, 1)
+    reply = train_stage1(incoming, context, arrays, keep_losses=False, lid_k=3)
+    node = client_node.load_node(context)
+    model = node.new_model()
+    model.load_state_dict(reply.content["arrays"].to_torch_state_dict())
+    probabilities = loss_and_proba(model, node.data.images, node.data.labels, node.eval_transform)[1]
+    expected = lid_score(probabilities, k=3)
+    assert expected != pytest.approx(lid_score(probabilities, k=20)), "k must matter for this check to mean anything"
+    assert read_extra(reply.content, "fedcorr", LidRes, "client 1").lid == pytest.approx(expected, rel=1e-6)
+
+
+def spy_devices(monkeypatch: pytest.MonkeyPatch) -> list[object]:
+    """The devices the plug-in hands its evaluation passes (None: none given, so the pass runs on the CPU)."""
+    devices: list[object] = []
+
+    def spying(*args, **kwargs):
+        devices.append(kwargs.get("device"))
+        return loss_and_proba(*args, **kwargs)
+
+    monkeypatch.setattr(fedcorr_plugin, "loss_and_proba", spying)
+    return devices
+
+
+def test_the_lid_and_correction_passes_run_on_the_nodes_device(run, incoming, node_context, monkeypatch):
+    """The model lives on the node's device (``client.device``), so both passes over the local set (after
+    stage-1 training, and the correction's) must run there: on a GPU node a pass on the CPU default
+    would fail on the model's CUDA weights."""
+    overrides, _, arrays = run
+    context = node_context(overrides, 9)
+    node = client_node.load_node(context)
+    devices = spy_devices(monkeypatch)
+    train_stage1(incoming, context, arrays, keep_losses=False)
+    correct(incoming, context, arrays, mode="stage2")
+    assert devices == [node.device, node.device]
+
+
+def test_the_loss_split_is_seeded_from_the_runs_seed_and_the_partition(run, incoming, node_context):
+    """The client's loss GMM takes scikit-learn's random_state from the named stream ``loss-gmm/<partition>``
+    of the run's seed (a value below 2^31), so a run's split is reproducible and another seed may split
+    otherwise. The kept losses are five equal, evenly spaced groups: a 2-component GMM splits them
+    2:3 or 3:2 depending on its start, so mu_hat (|D_n| / n) shows which start it had."""
+    overrides, _, arrays = run
+    context = node_context(overrides, 6)
+    node = client_node.load_node(context)
+    n = len(node.data)
+    local = (np.arange(n) * 5 // n).astype(np.float32)
+    store_local_losses(context, node, local, server_round=1)
+    outcomes = set()
+    for seed in range(8):
+        expected = loss_split(local, int(rng_for(seed, "loss-gmm/6").integers(2**31))).mean()
+        outcomes.add(round(float(expected), 6))
+        assert correct(incoming, context, arrays, seed=seed, relabel=False).mu_hat == pytest.approx(expected), seed
+    assert len(outcomes) == 2, "the seeds must lead to both splits for this check to mean anything"

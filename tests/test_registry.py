@@ -8,17 +8,18 @@ import inspect
 from pathlib import Path
 
 import pytest
-from defaults import composed
+from defaults import composed, context, strategy_settings
 
 from client.app import app as client_app
 from client.plugins.base import ClientPlugin
 from client.plugins.registry import PLAIN, plugin, plugins
+from common.errors import UNSET, InvalidValue
 from common.validation import from_mapping
 from settings.compose import group_options
 from strategies.base import FederatedStrategy
 from strategies.fedavg import FedAvg
 from strategies.fedcorr import FedCorrSettings, stage3_classes
-from strategies.registry import names, strategy_class, strategy_classes
+from strategies.registry import StrategyPlan, names, plan_strategy, strategy_class, strategy_classes
 
 
 def test_every_strategy_is_one_class_in_the_file_named_after_it_with_its_conf_file():
@@ -67,3 +68,44 @@ def test_client_plugins_are_found_and_their_queries_registered_with_flower():
                                                  *queries}
     with pytest.raises(ValueError, match="client plug-in 'fedmagic'; this node knows ''"):
         plugin("fedmagic")
+
+
+def fedavg_block(**changes: object) -> dict[str, object]:
+    """``conf/strategy/fedavg.yaml``'s block, name included, with ``changes``."""
+    return {**composed("strategy=fedavg")["strategy"], **changes}
+
+
+def test_a_planned_strategy_holds_the_named_class_and_its_checked_settings():
+    plan = plan_strategy(fedavg_block(num_rounds=4, fraction=0.3), context(num_clients=10))
+    assert isinstance(plan, StrategyPlan)
+    assert plan.cls is FedAvg and plan.name == "fedavg"
+    assert plan.settings == strategy_settings("fedavg", num_rounds=4, fraction=0.3)
+
+
+def test_a_plan_builds_its_strategy_from_its_settings_and_the_running_servers_context():
+    """The built strategy keeps the plan's settings and the given context; its rounds follow the
+    context's budget: 7 participations in rounds of round(0.3 * 10) = 3 clients pay for 2 rounds."""
+    plan = plan_strategy(fedavg_block(num_rounds=4, fraction=0.3), context(num_clients=10))
+    running = context(num_clients=10, comm_budget=7)
+    strategy = plan.build(running)
+    assert type(strategy) is FedAvg and strategy.settings is plan.settings and strategy.context is running
+    assert strategy.num_rounds == 2
+    assert plan.build(context(num_clients=10)).num_rounds == 4
+
+
+def test_a_block_without_a_name_is_refused_at_the_unset_strategy_name():
+    block = {k: v for k, v in fedavg_block().items() if k != "name"}
+    with pytest.raises(InvalidValue) as caught:
+        plan_strategy(block, context())
+    assert caught.value.key == "strategy.name" and caught.value.value is UNSET
+    assert str(caught.value) == "strategy.name=<unset> is invalid: the config must name a strategy"
+
+
+def test_a_run_check_that_fails_names_the_key_within_the_strategy_block():
+    """The settings' run checks see the run's context (here its 10 clients) and name keys relative to
+    their block; the plan re-issues them under ``strategy``."""
+    plan_strategy(fedavg_block(min_clients=10), context(num_clients=10))
+    with pytest.raises(InvalidValue) as caught:
+        plan_strategy(fedavg_block(min_clients=10), context(num_clients=9))
+    assert (caught.value.key, caught.value.value) == ("strategy.min_clients", 10)
+    assert str(caught.value) == "strategy.min_clients=10 is invalid: allowed is at most num_clients=9"
