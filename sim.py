@@ -38,7 +38,7 @@ from launch.jobs import Finished, Job, Launcher  # noqa: E402
 from reports.runs import MULTIRUN_INDEX  # noqa: E402  (a multirun lists its jobs' out_dirs for report.py)
 from server.config import RunPlan, load_run  # noqa: E402
 from settings.command_line import checked_jobs, split_command_line  # noqa: E402
-from settings.compose import CONF_DIR, WORKDIR_KEY  # noqa: E402  (also registers the default out_dir's resolvers)
+from settings.compose import COMMAND_KEY, CONF_DIR, RUN_CONFIG_KEY, WORKDIR_KEY  # noqa: E402  (also registers the default out_dir's resolvers)
 from settings.run import check_ray_address  # noqa: E402
 
 GROUND_TRUTH = "ground_truth"
@@ -140,7 +140,7 @@ def run(cfg: DictConfig, overrides: list[str]) -> dict:
         num_supernodes=settings.num_clients,
         # The working folder: on a Ray cluster a client's process starts elsewhere, and a relative
         # out_dir must name the same folder there.
-        run_config={"overrides": shlex.join(overrides), WORKDIR_KEY: os.getcwd()},
+        run_config={RUN_CONFIG_KEY: shlex.join(overrides), WORKDIR_KEY: os.getcwd(), COMMAND_KEY: shlex.join(sys.argv)},
         simulation=settings.simulation,
         check_nodes=lambda address: check_nodes(address, settings),
     )

@@ -26,7 +26,7 @@ class Progress:
         acc = "  -   " if row["test_acc"] is None else f"{row['test_acc']:.4f}"
         loss = "  -   " if row["test_loss"] is None else f"{row['test_loss']:.4f}"
         return (f"[round {done:>4}/{self.total}] {row['stage']:<9} test_acc {acc}  test_loss {loss}  "
-                f"clients {len(row['clients']):>3}  comm {row['comm_cost']:>6}  "
+                f"n_clients {len(row['clients']):>3}  comm {row['comm_cost']:>6}  "
                 f"elapsed {_clock(row['elapsed_s'])}  ETA {_clock(eta)}")
 
     def update(self, row: dict[str, Any]) -> None:

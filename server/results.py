@@ -36,10 +36,14 @@ ARRAY_FILES = (CONFUSION,)
 
 
 def summarise(rounds: list[dict[str, Any]], wall_s: float) -> dict[str, Any]:
-    """best/final/last-10-mean test accuracy over the evaluated rounds, total comm cost, wall time."""
-    accs = [r["test_acc"] for r in rounds if r["test_acc"] is not None]
+    """best/final/last-10-mean test accuracy over the evaluated rounds (and the first round that reached
+    the best), total comm cost, wall time."""
+    evaluated = [r for r in rounds if r["test_acc"] is not None]
+    accs = [r["test_acc"] for r in evaluated]
+    best = max(evaluated, key=lambda r: r["test_acc"]) if evaluated else None
     return {
-        "best_acc": max(accs) if accs else None,
+        "best_acc": None if best is None else best["test_acc"],
+        "best_round": None if best is None else best["round"],
         "final_acc": accs[-1] if accs else None,
         "last10_mean_acc": sum(accs[-10:]) / len(accs[-10:]) if accs else None,
         "comm_cost": rounds[-1]["comm_cost"] if rounds else 0,
@@ -57,9 +61,11 @@ class ResultsWriter:
     out_dir: where the files go (created if missing).
     config: the resolved run configuration, stored verbatim under "config".
     state: a checkpoint's ``state()`` to continue from (None: a fresh run, whose files replace any).
+    provenance: this attempt's ``server.provenance`` record, stored after those of the attempts before it.
     """
 
-    def __init__(self, out_dir: str | Path, config: dict[str, Any], state: dict[str, Any] | None = None) -> None:
+    def __init__(self, out_dir: str | Path, config: dict[str, Any], state: dict[str, Any] | None = None,
+                 provenance: dict[str, Any] | None = None) -> None:
         self.dir = Path(out_dir)
         self.dir.mkdir(parents=True, exist_ok=True)
         self.config = config
@@ -67,6 +73,10 @@ class ResultsWriter:
         self.extra: dict[str, Any] = {}
         self.confusion: dict[str, Any] | None = None if state is None else state["confusion"]
         self.before = 0.0 if state is None else float(state["elapsed_s"])
+        # A checkpoint written before provenance was recorded has none: its attempts stay unknown.
+        self.provenance: list[dict[str, Any]] = [] if state is None else list(state.get("provenance", []))
+        if provenance is not None:
+            self.provenance.append(provenance)
         self.start = time.perf_counter()
         if state is None:  # a fresh run: no array file of an earlier run in this folder stays beside its results
             for name in ARRAY_FILES:
@@ -81,8 +91,10 @@ class ResultsWriter:
         return self.before + time.perf_counter() - self.start
 
     def state(self) -> dict[str, Any]:
-        """What a checkpoint keeps of the results: the rounds so far, the latest confusion, the time."""
-        return {"rounds": list(self.rounds), "confusion": self.confusion, "elapsed_s": self.elapsed}
+        """What a checkpoint keeps of the results: the rounds so far, the latest confusion, the time and
+        the attempts' provenance."""
+        return {"rounds": list(self.rounds), "confusion": self.confusion, "elapsed_s": self.elapsed,
+                "provenance": list(self.provenance)}
 
     def add_round(
         self,
@@ -149,6 +161,7 @@ class ResultsWriter:
             "config": self.config,
             **({"rounds": self.rounds} if complete else {}),
             "summary": summarise(self.rounds, self.elapsed),
+            **({"provenance": self.provenance} if self.provenance else {}),
             **({} if self.confusion is None else {"test_confusion": self.confusion}),
             **self.extra,
         }

@@ -33,6 +33,7 @@ from server.discovery import discover
 from server.evaluation import CentralEvaluator
 from server.live_curves import LiveCurves
 from server.progress import Progress
+from server.provenance import provenance
 from server.results import ResultsWriter
 from settings.run import RunSettings
 from strategies.base import FederatedStrategy, RoundInfo
@@ -197,9 +198,10 @@ class Checkpointer:
         return self.lineage.scope(server_round, self.store.rounds())
 
 
-def run_server(grid: Grid, plan: RunPlan) -> dict[str, Any]:
+def run_server(grid: Grid, plan: RunPlan, command: str | None = None, overrides: str | None = None) -> dict[str, Any]:
     """Run the planned strategy over the nodes of ``grid`` (from round 0, or from the checkpoint the
-    config says); returns the final results payload."""
+    config says); returns the final results payload. ``command`` and ``overrides``: what started the
+    run, for its provenance in results.json (None: not known to this process)."""
     settings = plan.settings
     scene, dataset, _ = prepare_scene(settings.scene, settings.out_dir)
     model = initial_model(settings, dataset)
@@ -214,7 +216,8 @@ def run_server(grid: Grid, plan: RunPlan) -> dict[str, Any]:
     start = starting_point(settings, strategy, store)
     arrays = ArrayRecord(model.state_dict())
     checkpoint = start.checkpoint
-    results = ResultsWriter(settings.out_dir, settings.resolved, None if checkpoint is None else checkpoint.results)
+    results = ResultsWriter(settings.out_dir, settings.resolved, None if checkpoint is None else checkpoint.results,
+                            provenance(command, overrides))
     if checkpoint is not None:
         arrays = checkpoint.global_arrays()
         if start.inherited:

@@ -98,6 +98,8 @@ RUN_CONFIG_KEY = "overrides"
 WORKDIR_KEY = "workdir"
 """Run config key (simulation only): the folder a relative ``out_dir`` is relative to. A client on
 another node of a Ray cluster starts in that node's own folder."""
+COMMAND_KEY = "command"
+"""The run config key under which ``sim.py`` passes its command line, for the run's provenance."""
 
 
 def compose_from_run_config(run_config: Mapping[str, Any]) -> DictConfig:

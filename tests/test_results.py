@@ -45,19 +45,43 @@ def test_results_are_valid_after_every_round_and_complete_at_the_end(tmp_path):
 
 
 def test_summary_uses_evaluated_rounds_only():
-    rounds = [{"test_acc": a, "comm_cost": c}
-              for a, c in [(0.1, 1), (None, 2)] + [(0.1 * i, i + 2) for i in range(1, 12)]]
+    rounds = [{"round": r, "test_acc": a, "comm_cost": c}
+              for r, (a, c) in enumerate([(0.1, 1), (None, 2)] + [(0.1 * i, i + 2) for i in range(1, 12)], 1)]
     summary = summarise(rounds, wall_s=12.3456)
     assert summary["best_acc"] == pytest.approx(1.1) and summary["final_acc"] == pytest.approx(1.1)
+    assert summary["best_round"] == 13
     assert summary["last10_mean_acc"] == pytest.approx(sum(0.1 * i for i in range(2, 12)) / 10)
     assert summary["comm_cost"] == 13 and summary["wall_s"] == 12.346
-    assert summarise([], 0.0)["best_acc"] is None
+    assert summarise([], 0.0)["best_acc"] is None and summarise([], 0.0)["best_round"] is None
+
+
+def test_the_best_round_is_the_first_to_reach_the_best_accuracy():
+    """A later round that only equals the best does not move it; unevaluated rounds are skipped."""
+    accuracies = [(1, 0.5), (2, 0.8), (3, None), (4, 0.8), (5, 0.6)]
+    rounds = [{"round": r, "test_acc": a, "comm_cost": r} for r, a in accuracies]
+    assert summarise(rounds, 1.0)["best_round"] == 2
+
+
+def test_each_attempt_adds_its_provenance_after_those_of_the_attempts_before(tmp_path):
+    """A fresh run starts the list; a run resumed from a checkpoint's state keeps the earlier attempts'
+    records (none, from a checkpoint made before provenance was kept) and appends its own."""
+    first = ResultsWriter(tmp_path / "run", {"seed": 1}, provenance={"attempt": 1})
+    add(first, 1, 0.5)
+    assert json.loads((tmp_path / "run" / "results.json").read_text())["provenance"] == [{"attempt": 1}]
+    resumed = ResultsWriter(tmp_path / "run", {"seed": 1}, first.state(), provenance={"attempt": 2})
+    assert resumed.finish()["provenance"] == [{"attempt": 1}, {"attempt": 2}]
+    old_state = {key: value for key, value in first.state().items() if key != "provenance"}
+    from_old = ResultsWriter(tmp_path / "old", {"seed": 1}, old_state, provenance={"attempt": 2})
+    assert from_old.finish()["provenance"] == [{"attempt": 2}]
+    assert "provenance" not in ResultsWriter(tmp_path / "none", {"seed": 1}).finish()
 
 
 def test_progress_line_shows_round_stage_accuracy_and_eta():
     line = Progress(10).line({"round": 2, "stage": "fedavg", "test_acc": 0.8125, "test_loss": 0.61,
                               "clients": [1, 2, 3], "comm_cost": 6, "elapsed_s": 20.0})
     assert "[round    2/10]" in line and "fedavg" in line and "0.8125" in line
+    # The count of the round's clients, named apart from rounds.csv's "clients" column (their ids).
+    assert "n_clients   3" in line and " clients " not in line
     assert "elapsed 0:00:20" in line and "ETA 0:01:20" in line
 
 

@@ -91,10 +91,12 @@ def run_at(flower_identity, tmp_path):
 
 
 def comparable(payload: dict[str, Any]) -> dict[str, Any]:
-    """A results payload without what differs between two runs of one config: timings, out_dir, resume."""
+    """A results payload without what differs between two runs of one config: timings, out_dir, resume,
+    and when and how each attempt was started."""
     payload = json.loads(json.dumps(payload))
     payload["summary"].pop("wall_s")
     payload.pop("attempts")
+    payload.pop("provenance")
     for row in payload["rounds"]:
         row.pop("elapsed_s")
     for key in ("out_dir", "resume"):
@@ -160,6 +162,9 @@ def test_a_second_kill_after_a_resume_still_resumes_identically(run_at, tmp_path
     resumed, _ = run_at(f"{overrides} resume=true", "resumed")
     assert_same_run(resumed, reference, tmp_path, ("resumed", "reference"))
     assert resumed["attempts"] == {"resumed_at": [2, 4], "stages12_from": None}
+    # One provenance record per attempt, oldest first: the two killed ones kept through their checkpoints.
+    assert len(resumed["provenance"]) == 3
+    assert [record["started"] for record in resumed["provenance"]] == sorted(r["started"] for r in resumed["provenance"])
     # The nodes' state carries the attempts' numbers; nothing a dead attempt wrote after its resume point is left.
     record = CheckpointStore(tmp_path / "resumed").record()
     assert record is not None and len(record.lineage.resumed_at) == 2

@@ -131,9 +131,11 @@ def assert_same_outputs(out: Path, reference: Path) -> None:
     assert _csv_rows(out / "rounds.csv", "elapsed_s") == _csv_rows(reference / "rounds.csv", "elapsed_s")
     assert _without(got["summary"], "wall_s") == _without(want["summary"], "wall_s")
     assert _without(got["config"], "out_dir", "resume") == _without(want["config"], "out_dir", "resume")
-    # "attempts" is bookkeeping: the checkpoint rounds the run resumed from (assert_resumed checks it)
-    blocks = set(got) - {"complete", "config", "rounds", "summary", "attempts"}
-    assert blocks == set(want) - {"complete", "config", "rounds", "summary", "attempts"}
+    # "attempts" and "provenance" are bookkeeping: the checkpoint rounds the run resumed from
+    # (assert_resumed checks them), and when and how each attempt started
+    bookkeeping = {"complete", "config", "rounds", "summary", "attempts", "provenance"}
+    blocks = set(got) - bookkeeping
+    assert blocks == set(want) - bookkeeping
     assert "test_confusion" in blocks
     for block in sorted(blocks):  # test_confusion and the method's own (fedcorr, scaffold, ...)
         assert got[block] == want[block], block

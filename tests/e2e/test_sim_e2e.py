@@ -26,6 +26,12 @@ def test_a_multirun_writes_the_results_contract_and_the_same_seed_gives_the_same
     assert all(0.0 <= r["test_acc"] <= 1.0 and r["test_loss"] > 0 for r in rounds)
     summary = payload["summary"]
     assert summary["best_acc"] == max(r["test_acc"] for r in rounds)
+    assert rounds[summary["best_round"] - 1]["test_acc"] == summary["best_acc"]
+    # Provenance: the command as typed (the whole multirun), this job's overrides, the code and software.
+    (origin,) = payload["provenance"]
+    assert origin["command"].split()[0].endswith("sim.py") and "seed=3,6" in origin["command"]
+    assert "seed=3" in origin["overrides"].split() and origin["versions"]["flwr"]
+    assert len(origin["git"]["commit"]) == 40, "the tests run in a git checkout"
     assert summary["final_acc"] == rounds[-1]["test_acc"] and summary["comm_cost"] == 30
     assert summary["best_acc"] > 0.6, "ten classes: chance is 0.1"
     assert summary["wall_s"] > 0
