@@ -164,7 +164,8 @@ def test_a_second_kill_after_a_resume_still_resumes_identically(run_at, tmp_path
     assert resumed["attempts"] == {"resumed_at": [2, 4], "stages12_from": None}
     # One provenance record per attempt, oldest first: the two killed ones kept through their checkpoints.
     assert len(resumed["provenance"]) == 3
-    assert [record["started"] for record in resumed["provenance"]] == sorted(r["started"] for r in resumed["provenance"])
+    started = [record["started"] for record in resumed["provenance"]]
+    assert started == sorted(started)
     # The nodes' state carries the attempts' numbers; nothing a dead attempt wrote after its resume point is left.
     record = CheckpointStore(tmp_path / "resumed").record()
     assert record is not None and len(record.lineage.resumed_at) == 2
