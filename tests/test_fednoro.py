@@ -367,3 +367,207 @@ def test_the_detection_query_can_score_one_seeded_draw_of_the_training_augmentat
     plain, augmented = query("eval"), query("train")
     assert augmented.present == plain.present and augmented.losses != plain.losses
     assert query("train") == augmented and query("train", server_round=5) != augmented
+
+
+def test_per_class_losses_keep_a_single_sample_class_and_absent_classes_at_the_end():
+    """A class with one sample is present with that sample's loss as its mean; classes above the largest
+    label still get their 0.0 loss and their 0 in the mask (or count), so the reply has one entry per class."""
+    losses, labels = np.array([0.7, 1.0, 3.0]), np.array([1, 0, 0])
+    res = per_class_losses(losses, labels, num_classes=4)
+    assert res.losses == pytest.approx((2.0, 0.7, 0.0, 0.0)) and res.present == (1, 1, 0, 0)
+    assert per_class_losses(losses, labels, num_classes=4, counts=True).counts == (2, 1, 0, 0)
+
+
+def test_per_class_losses_take_labels_stored_as_floats_and_losses_of_any_real_dtype():
+    """Labels kept as floats count as the classes they name (as ``class_log_prior`` takes them), and
+    losses in numpy's extended precision are averaged as float64 (np.bincount itself refuses both)."""
+    res = per_class_losses(np.array([1.0, 3.0, 0.5], dtype=np.longdouble), np.array([0.0, 0.0, 2.0]), num_classes=3)
+    assert res.losses == pytest.approx((2.0, 0.0, 0.5)) and res.present == (1, 0, 1)
+    assert all(type(loss) is float for loss in res.losses)
+
+
+def test_the_plugin_answers_query_class_loss():
+    """The plug-in registers the detection as the ``class_loss`` action, which the ClientApp serves as
+    ``query.class_loss`` (the name the server sends)."""
+    from client.plugins import fednoro as fednoro_plugin
+
+    assert fednoro_plugin.FedNoRoPlugin().queries() == {"class_loss": fednoro_plugin.class_loss}
+
+
+def test_the_teacher_is_the_sent_model_frozen_in_evaluation_mode(prepared_run, node_context):
+    """The distillation's teacher holds the state it is given, evaluates (eval mode) and takes no
+    gradients: only the student trains."""
+    from client import node as client_node
+    from client.plugins.fednoro import frozen_model
+
+    overrides, _, arrays = prepared_run("experiment=smoke strategy=fednoro")
+    state = arrays.to_torch_state_dict()
+    teacher = frozen_model(client_node.load_node(node_context(overrides, 3)), state)
+    assert not teacher.training
+    assert all(not param.requires_grad for param in teacher.parameters())
+    assert all(torch.equal(value, state[key]) for key, value in teacher.state_dict().items())
+
+
+def _logit_adjusted(noisy: bool, kd_weight: float, temperature: float, la_tau: float,
+                    absent_classes: str = "neg_inf") -> FedNoRoIns:
+    return FedNoRoIns(noisy=noisy, kd_weight=kd_weight, temperature=temperature, la_tau=la_tau,
+                      absent_classes=absent_classes)
+
+
+def test_the_hooks_train_on_the_instructions_tau_lambda_and_temperature():
+    """``LogitAdjusted``'s learner is the loss with the instruction's tau, lambda and T and the given
+    teacher: its value on fixed logits is (1 - lambda) CE + lambda KL, built by hand as in the tests above."""
+    from client.plugins.fednoro import LogitAdjusted
+
+    logits = torch.tensor([[1.0, 2.0, 0.5], [0.0, 0.0, 3.0]])
+    teacher_logits = torch.tensor([[2.0, 0.0, 0.0], [0.0, 1.0, 0.0]])
+    log_prior = torch.log(torch.tensor([0.5, 0.25, 0.25]))
+    ins = _logit_adjusted(noisy=True, kd_weight=0.3, temperature=0.5, la_tau=2.0)
+    hooks = LogitAdjusted(local_training(), None, ins, log_prior, _Fixed(teacher_logits))
+    loss = hooks.learner(_Fixed(logits), torch.Generator())(_Fixed(logits), _batch([0, 2]))
+    adjusted = logits + 2.0 * log_prior
+    ce = F.cross_entropy(adjusted, torch.tensor([0, 2]))
+    target = torch.softmax(teacher_logits / 0.5, dim=1)
+    kl = (target * (target.log() - torch.log_softmax(adjusted, dim=1))).sum(dim=1).mean()
+    assert loss.objective.item() == pytest.approx((0.7 * ce + 0.3 * kl).item(), rel=1e-5)
+    assert loss.reported.item() == pytest.approx(ce.item(), rel=1e-6)
+
+
+def _train_fednoro(overrides: str, context, arrays, options: FedNoRoIns, server_round: int = 1):
+    """One FedNoRo local update (one epoch) of the node of ``context`` from ``arrays``: the trained state."""
+    from client import node as client_node
+    from client.plugins.fednoro import FedNoRoPlugin
+    from protocol.messages import TrainIns, instruction
+
+    ins = TrainIns(server_round, local_training(lr=0.05, epochs=1, batch_size=16), plugin="fednoro")
+    content = instruction(ins, arrays=arrays, plugin_ins=options, plugin="fednoro")
+    trained = FedNoRoPlugin().train(client_node.load_node(context), context, ins, content)
+    return trained.model.state_dict()
+
+
+def test_a_class_the_client_lacks_gets_no_gradient_unless_its_prior_is_floored(prepared_run, node_context):
+    """The log prior comes from the client's current labels. With ``neg_inf`` a class it lacks has
+    adjusted logit -inf, softmax 0 and so exactly zero gradient: its classifier row stays as sent. With
+    ``floor`` (pi = 1e-8; tau 0.1 makes that shift only -1.8) the class keeps some probability, so its
+    row is pushed down."""
+    from client import node as client_node
+    from client.label_state import store_labels
+
+    overrides, _, arrays = prepared_run("experiment=smoke strategy=fednoro")
+    start = arrays.to_torch_state_dict()
+
+    def relabelled_context():
+        context = node_context(overrides, 3)
+        node = client_node.load_node(context)
+        labels = node.data.labels.copy()
+        assert (labels == 4).any(), "the class must be there to be taken away"
+        labels[labels == 4] = 5  # the client's current labels lack class 4
+        store_labels(context, node, labels)
+        return context
+
+    for absent_classes, kept in (("neg_inf", True), ("floor", False)):
+        options = _logit_adjusted(noisy=False, kd_weight=0.0, temperature=0.8, la_tau=0.1,
+                                  absent_classes=absent_classes)
+        trained = _train_fednoro(overrides, relabelled_context(), arrays, options)
+        for key in ("classifier.3.weight", "classifier.3.bias"):
+            assert torch.equal(trained[key][4], start[key][4]) == kept, (absent_classes, key)
+            assert not torch.equal(trained[key][5], start[key][5]), "a present class trains"
+
+
+def test_a_noisy_client_distils_the_global_model_and_a_clean_one_ignores_lambda(prepared_run, node_context):
+    """With lambda = 1, T = 1 and tau = 0 a noisy client's whole objective is KL(softmax(f_G) ||
+    softmax(f)), and the teacher f_G is the model it starts from: the gradient is zero and the weights
+    stay put (up to rounding). A clean client never distils: lambda = 1 trains exactly as lambda = 0,
+    on the cross-entropy, which moves the weights."""
+    overrides, _, arrays = prepared_run("experiment=smoke strategy=fednoro")
+    start = arrays.to_torch_state_dict()
+
+    def train(noisy: bool, kd_weight: float):
+        options = _logit_adjusted(noisy=noisy, kd_weight=kd_weight, temperature=1.0, la_tau=0.0)
+        return _train_fednoro(overrides, node_context(overrides, 3), arrays, options)
+
+    distilled = train(True, 1.0)
+    assert all(torch.allclose(distilled[key], start[key], rtol=0.0, atol=1e-6) for key in start)
+    clean, plain = train(False, 1.0), train(False, 0.0)
+    assert all(torch.equal(clean[key], plain[key]) for key in start)
+    assert max((clean[key] - start[key]).abs().max().item() for key in start) > 1e-3
+
+
+def test_each_round_trains_on_its_own_draw_of_the_batches(prepared_run, node_context):
+    """The batch order comes from the node's stream for the round: the same start and instruction in
+    another round give another update (a stateless client must not replay one order every round)."""
+    overrides, _, arrays = prepared_run("experiment=smoke strategy=fednoro")
+    options = _logit_adjusted(noisy=False, kd_weight=0.0, temperature=0.8, la_tau=1.0)
+    first, second = (_train_fednoro(overrides, node_context(overrides, 3), arrays, options, server_round=r)
+                     for r in (1, 2))
+    assert not all(torch.equal(first[key], second[key]) for key in first)
+
+
+def test_fednoro_messages_without_arrays_are_refused_naming_the_server(prepared_run, node_context):
+    """The global model is the server's: a train or query.class_loss without it says who sent the bad message."""
+    from client import node as client_node
+    from client.plugins.fednoro import FedNoRoPlugin, class_loss
+    from protocol.codec import ProtocolError
+    from protocol.messages import TrainIns, instruction
+
+    overrides, _, _ = prepared_run("experiment=smoke strategy=fednoro")
+    context = node_context(overrides, 3)
+    node = client_node.load_node(context)
+    ins = TrainIns(1, local_training(epochs=1), plugin="fednoro")
+    content = instruction(ins, plugin_ins=_logit_adjusted(False, 0.0, 0.8, 1.0), plugin="fednoro")
+    with pytest.raises(ProtocolError, match="^the server sent a bad message: key 'arrays' is missing$"):
+        FedNoRoPlugin().train(node, context, ins, content)
+    with pytest.raises(ProtocolError, match="^the server sent a bad message: key 'arrays' is missing$"):
+        class_loss(node, context, instruction(ClassLossIns("eval", 4)))
+
+
+def test_the_detection_passes_run_on_the_nodes_device(prepared_run, node_context, monkeypatch):
+    """The model lives on the node's device (``client.device``), so the detection's pass over the local
+    set must run there, on either transform: on a GPU node a pass on the CPU default would fail on the
+    model's CUDA weights."""
+    from client import node as client_node
+    from client.plugins import fednoro as fednoro_plugin
+    from protocol.messages import instruction
+
+    devices: list[object] = []
+
+    def spying(forward):
+        def spy(*args, **kwargs):
+            devices.append(kwargs.get("device"))
+            return forward(*args, **kwargs)
+        return spy
+
+    monkeypatch.setattr(fednoro_plugin, "predict_logits", spying(fednoro_plugin.predict_logits))
+    monkeypatch.setattr(fednoro_plugin, "augmented_logits", spying(fednoro_plugin.augmented_logits))
+    overrides, _, arrays = prepared_run("experiment=smoke strategy=fednoro")
+    context = node_context(overrides, 3)
+    for transform in ("eval", "train"):
+        fednoro_plugin.class_loss(client_node.load_node(context), context,
+                                  instruction(ClassLossIns(transform, 4), arrays=arrays))
+    assert devices == [client_node.load_node(context).device] * 2
+
+
+def test_the_augmented_detection_draws_from_the_nodes_own_detection_stream(prepared_run, node_context):
+    """``detect_transform=train`` scores one draw of the augmentation from the node's stream named
+    ``fednoro-detection`` for the round (run seed, partition, round): not the stream its training of
+    that round shuffles and augments with, and the same in every version for a given run."""
+    from client import node as client_node
+    from client.plugins.fednoro import class_loss
+    from protocol.messages import instruction, read_reply
+    from task.evaluation import augmented_logits, per_sample_losses
+
+    overrides, _, arrays = prepared_run("experiment=smoke strategy=fednoro +dataset.transforms.train.crop=8 "
+                                        "+dataset.transforms.train.pad=1")
+    context = node_context(overrides, 3)
+    node = client_node.load_node(context)
+    reply = read_reply(class_loss(node, context, instruction(ClassLossIns("train", 4), arrays=arrays)),
+                       ClassLossRes, "client 3")
+    model = node.new_model()
+    model.load_state_dict(arrays.to_torch_state_dict())
+
+    def scored(purpose: str) -> ClassLossRes:
+        logits = augmented_logits(model, node.data.images, node.train_transform, node.generator(4, purpose))
+        return per_class_losses(per_sample_losses(logits, node.data.labels), node.data.labels, 10)
+
+    assert reply == scored("fednoro-detection")
+    assert reply.losses != scored("train").losses
