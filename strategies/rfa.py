@@ -49,8 +49,12 @@ class GeometricMedian:
 def weiszfeld(points: np.ndarray, weights: Sequence[float], smoothing: float, max_iterations: int,
               tolerance: float) -> GeometricMedian:
     """The weighted geometric median of the rows of ``points`` by the smoothed Weiszfeld algorithm,
-    started from the weighted mean."""
-    alpha = np.asarray(weights, dtype=np.float64) / float(np.sum(weights))
+    started from the weighted mean. Weights that do not sum to a positive number are refused (every
+    client of a round reporting no examples), as FedAvg's average refuses them."""
+    total = float(np.sum(weights))
+    if not total > 0:
+        raise ValueError(f"weights must sum to a positive number, got {list(weights)}")
+    alpha = np.asarray(weights, dtype=np.float64) / total
     median = alpha @ points
 
     def objective(v: np.ndarray) -> float:
