@@ -32,10 +32,11 @@ import sim  # noqa: E402
 from common.errors import ConfigError  # noqa: E402
 from launch.jobs import Job, Launcher  # noqa: E402
 from reports.tables import mean_std  # noqa: E402
-from server.checkpoints import CheckpointStore, changed_keys, config_changes  # noqa: E402
-from server.config import BOOKKEEPING_KEYS, EXECUTION_KEYS, load_run  # noqa: E402
+from server.checkpoints import CheckpointStore  # noqa: E402
+from server.config import BOOKKEEPING_KEYS, load_run  # noqa: E402
 from server.results import read_results  # noqa: E402
 from settings.compose import compose_config  # noqa: E402
+from settings.identity import EXECUTION_KEYS, changed_keys, config_changes  # noqa: E402
 from strategies.fedcorr import FedCorrSettings  # noqa: E402
 
 Key = TypeVar("Key", bound=Hashable)
@@ -72,7 +73,11 @@ def finished_results(out_dir: str, config: dict[str, Any]) -> dict[str, Any] | N
 
 
 def planned(overrides: list[str]) -> tuple[DictConfig, list[str]]:
-    """The config of a planned simulation and its overrides, as ``sim.run`` will run them."""
+    """The config of a planned simulation and its overrides, as ``sim.run`` will run them. A benchmark
+    owns its cells' folders and reruns a cell in place (``replace=true``); ``--reuse`` is what guards
+    finished work (``finished_results``)."""
+    if not any(word.startswith("replace=") for word in overrides):
+        overrides = ["replace=true", *overrides]
     return sim.with_ground_truth(compose_config(overrides), overrides)
 
 

@@ -226,37 +226,3 @@ def read_checkpoint(path: Path) -> Checkpoint:
         raise RuntimeError(f"{path} is a checkpoint of format {values.get('format')}; this version reads "
                            f"format {FORMAT}")
     return Checkpoint(**values)
-
-
-def changed_keys(before: dict[str, Any], after: dict[str, Any], ignore: frozenset[str] = frozenset(),
-                 prefix: str = "") -> list[str]:
-    """The dotted keys whose values differ between two nested configs (added or removed ones too),
-    leaving out ``ignore`` and everything below it."""
-    keys = []
-    for key in sorted(set(before) | set(after), key=str):
-        path = f"{prefix}{key}"
-        if any(path == skip or path.startswith(f"{skip}.") for skip in ignore):
-            continue
-        old, new = before.get(key, _UNSET), after.get(key, _UNSET)
-        if isinstance(old, dict) and isinstance(new, dict):
-            keys += changed_keys(old, new, ignore, f"{path}.")
-        elif old != new:
-            keys.append(path)
-    return keys
-
-
-def config_changes(before: dict[str, Any], after: dict[str, Any], ignore: frozenset[str] = frozenset(),
-                   ) -> list[str]:
-    """``changed_keys`` as ``key (old -> new)``."""
-    return [f"{key} ({_at(before, key)} -> {_at(after, key)})" for key in changed_keys(before, after, ignore)]
-
-
-_UNSET = "<unset>"
-
-
-def _at(values: dict[str, Any], key: str) -> Any:
-    for part in key.split("."):
-        if not isinstance(values, dict) or part not in values:
-            return _UNSET
-        values = values[part]
-    return values

@@ -7,6 +7,7 @@ ConfigError naming the first bad value and what is allowed.
 from __future__ import annotations
 
 import importlib.util
+import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -15,8 +16,10 @@ from omegaconf import DictConfig
 
 from common.errors import InvalidValue
 from common.folders import check_output_folder
+from common.run_files import RESULTS
 from common.seeding import rng_for
-from server.checkpoints import CheckpointStore, config_changes
+from server.checkpoints import CheckpointStore
+from settings.identity import EXECUTION_KEYS, config_changes, run_differences
 from settings.run import RunSettings, run_settings
 from settings.scene import resolved
 from strategies.context import StrategyContext
@@ -52,10 +55,6 @@ def check_server_extras(settings: RunSettings) -> None:
                            '.venv/bin/python -m pip install -e ".[tensorboard]"')
 
 
-EXECUTION_KEYS = frozenset({"resume", "logging", "simulation.verbose", "simulation.ray_init_args",
-                            "simulation.ray_address",
-                            "server.round_timeout", "server.node_wait_timeout"})
-"""Keys that change how a run executes, not what it computes: a resumed run may change them."""
 BOOKKEEPING_KEYS = frozenset({"out_dir", "comm_budget", "server.checkpoint_every", "server.keep_checkpoints"})
 """Keys a run that starts from another run's checkpoint may change besides its strategy's stage keys
 (the budget only sizes what comes after that checkpoint)."""
@@ -73,6 +72,24 @@ def check_resume(settings: RunSettings) -> None:
         raise InvalidValue("resume", True, f"the run in {settings.out_dir} was started with another config; "
                                            f"resume it unchanged or set resume=false to start over. Differing: "
                                            f"{'; '.join(changes[:6])}{' ...' if len(changes) > 6 else ''}")
+
+
+def check_folder_holds_this_run(settings: RunSettings) -> None:
+    """A run starting in out_dir may replace the results of the same run there (same config outside
+    ``settings.identity.NOT_IDENTITY``); another run's only with ``replace=true``, else it is refused
+    before any work."""
+    if settings.replace or (settings.resume and CheckpointStore(settings.out_dir).record() is not None):
+        return  # told to replace, or continuing its own run (check_resume compared the configs)
+    try:
+        earlier = json.loads((Path(settings.out_dir) / RESULTS).read_text()).get("config")
+    except (OSError, ValueError, AttributeError):
+        return  # no results there (or none this version can read as a run's)
+    changes = run_differences(earlier, settings.resolved) if isinstance(earlier, dict) else []
+    if changes:
+        raise InvalidValue("out_dir", settings.out_dir,
+                           f"a folder without another run's results; it holds a run with another config "
+                           f"(differing: {'; '.join(changes[:4])}{' ...' if len(changes) > 4 else ''}): choose "
+                           f"another out_dir, or set replace=true to replace that run")
 
 
 def check_start(settings: RunSettings, strategy: StrategyPlan) -> None:
@@ -114,5 +131,6 @@ def load_run(cfg: DictConfig | dict[str, Any]) -> RunPlan:
     check_server_extras(settings)
     strategy = plan_strategy(resolved(cfg)["strategy"], strategy_context(settings))
     check_resume(settings)
+    check_folder_holds_this_run(settings)
     check_start(settings, strategy)
     return RunPlan(settings, strategy)

@@ -1,9 +1,29 @@
-"""One progress line per round: stage, accuracy, participation, elapsed time and ETA."""
+"""What a run prints: a header saying what runs and where it writes, then one progress line per round
+(stage, accuracy, participation, elapsed time and ETA)."""
 
 from __future__ import annotations
 
 import sys
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
+
+from common.text import counted
+
+if TYPE_CHECKING:
+    from data.scene import Component
+    from settings.run import RunSettings
+
+
+def _component(component: Component) -> str:
+    params = ", ".join(f"{key}={value}" for key, value in sorted(component.params.items()) if value is not None)
+    return f"{component.name} ({params})" if params else component.name
+
+
+def header(settings: RunSettings, strategy: str) -> str:
+    """``[run] fedcorr on fashion_mnist: 100 clients, partition iid, noise fedcorr (...), seed 1 -> <out_dir>``."""
+    scene = settings.scene
+    return (f"[run] {strategy} on {scene.dataset.name}: {counted(settings.num_clients, 'client')}, partition "
+            f"{_component(scene.partition)}, noise {_component(scene.noise)}, seed {settings.seed} -> "
+            f"{settings.out_dir}")
 
 
 def _clock(seconds: float) -> str:

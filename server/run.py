@@ -32,7 +32,7 @@ from server.config import RunPlan
 from server.discovery import discover
 from server.evaluation import CentralEvaluator
 from server.live_curves import LiveCurves
-from server.progress import Progress
+from server.progress import Progress, header
 from server.provenance import provenance
 from server.results import ResultsWriter
 from settings.run import RunSettings
@@ -203,6 +203,7 @@ def run_server(grid: Grid, plan: RunPlan, command: str | None = None, overrides:
     config says); returns the final results payload. ``command`` and ``overrides``: what started the
     run, for its provenance in results.json (None: not known to this process)."""
     settings = plan.settings
+    print(header(settings, plan.strategy.name), flush=True)
     scene, dataset, _ = prepare_scene(settings.scene, settings.out_dir)
     model = initial_model(settings, dataset)
     truth = GroundTruth.from_scene(scene) if settings.ground_truth else None

@@ -21,29 +21,55 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from common.errors import ConfigError
+from settings.identity import digest
 
 CONF_DIR = Path(__file__).resolve().parents[1] / "conf"
 
 
-def _tag(node: DictConfig) -> str:
-    """``${tag:${noise}}`` -> ``fedcorr_allow_true_label=True_rho=0.6_tau=0.5``: a group's name and
-    parameters as a path-safe string, so default output folders differ whenever the settings do. A
-    parameter at null (an option left off) is not written, so adding one keeps the existing folders."""
-    params = [f"{key}={node[key]}" for key in sorted(node) if key != "name" and node[key] is not None]
-    return "_".join([str(node["name"]), *params]).replace("/", "-")
+FOLDER_NAMES = {"noise": {"fedcorr": "perclient"}}
+"""Folder words for group options whose name would mislead in a path: FedCorr's noise model (each client
+noisy with probability rho, at a level from U(tau, 1)) is used by every method, so a FedNoRo run's noise
+folder does not read "fedcorr"."""
+
+
+def _value(value: Any) -> str:
+    if isinstance(value, bool):
+        return "on" if value else "off"
+    return str(value).replace("/", "-").replace("=", "-")
+
+
+def _tag(node: DictConfig, group: str) -> str:
+    """``${tag:${noise},noise}`` -> ``perclient_allow_true_label-on_rho-0.6_tau-0.5``: a group's option
+    and parameters as a path-safe string (no ``=``; booleans as on/off), so default output folders differ
+    whenever the settings do. A parameter at null (an option left off) is not written, so adding one
+    keeps the existing folders."""
+    name = str(node["name"])
+    params = [f"{key}-{_value(node[key])}" for key in sorted(node) if key != "name" and node[key] is not None]
+    return "_".join([FOLDER_NAMES.get(group, {}).get(name, name), *params]).replace("/", "-")
 
 
 def _strategy_dir(node: DictConfig) -> str:
     """``${strategy_dir:${strategy}}`` -> ``fedcorr``, or ``fedcorr+feddyn`` when FedCorr's stage 3 is
-    not FedAvg, so runs that differ only in their stage-3 strategy write to different folders."""
+    not FedAvg."""
     stage3 = node.get("stage3", "fedavg")
     return str(node["name"]) + ("" if stage3 == "fedavg" else f"+{stage3}")
+
+
+def _run_digest(*, _root_: DictConfig) -> str:
+    """``${run_digest:}`` -> eight hex digits of every setting outside the scene and the execution keys
+    (``settings.identity.digest``), so runs of one scene that compute different things write to
+    different folders. Reads every key but ``out_dir`` (which no other key reads)."""
+    values = {str(key): OmegaConf.to_container(_root_[key], resolve=True) if OmegaConf.is_config(_root_[key])
+              else _root_[key] for key in _root_ if key != "out_dir"}
+    return digest(values)
 
 
 if not OmegaConf.has_resolver("tag"):
     OmegaConf.register_new_resolver("tag", _tag)
 if not OmegaConf.has_resolver("strategy_dir"):
     OmegaConf.register_new_resolver("strategy_dir", _strategy_dir)
+if not OmegaConf.has_resolver("run_digest"):
+    OmegaConf.register_new_resolver("run_digest", _run_digest)
 
 
 def group_options(group: str) -> list[str]:

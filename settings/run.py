@@ -164,6 +164,7 @@ class RunSettings(Checked):
                                      "client participations every method spends (null: each strategy's own rounds)")
     ground_truth: bool = option(Flag(), "whether the server may read the scene's ground truth")
     resume: bool = option(Flag(), "continue the run in out_dir from its last checkpoint (false: start over)")
+    replace: bool = option(Flag(), "whether the run may replace another run's results in out_dir")
     server: ServerSettings = option(meaning="how the ServerApp runs")
     logging: LoggingSettings = option(meaning="what a run logs besides results.json")
     client: ClientSettings = option(meaning="how a client node computes")
@@ -212,7 +213,7 @@ def run_settings(cfg: DictConfig | dict[str, Any]) -> RunSettings:
         return RunSettings(
             seed=values["seed"], num_clients=values["num_clients"], out_dir=out_dir(values),
             comm_budget=values.get("comm_budget"), ground_truth=values.get("ground_truth", False),
-            resume=values["resume"],
+            resume=values["resume"], replace=values["replace"],
             scene=scene, model=model, transforms=transforms,
             server=from_mapping(ServerSettings, values["server"], "server"),
             logging=from_mapping(LoggingSettings, values["logging"], "logging"),

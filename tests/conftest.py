@@ -116,17 +116,22 @@ def local_grid(flower_identity):
 def run_inprocess(local_grid, tmp_path):
     """``run_inprocess(overrides) -> (results payload, grid)``: a whole run of the real ServerApp logic
     (discovery, strategy, central evaluation, results files) over a ``LocalGrid``, without Ray.
-    ``ground_truth=true`` as in a simulation unless the overrides set it; out_dir under tmp_path."""
+    ``ground_truth=true`` as in a simulation unless the overrides set it; out_dir under tmp_path: the
+    first run's tmp_path/run, each later one a folder of its own (a folder holds one run's results)."""
     from server.config import load_run
     from server.run import run_server
     from settings.compose import compose_config
 
+    calls = 0
+
     def run(overrides: str, **grid_options):
+        nonlocal calls
+        calls += 1
         words = overrides.split()
         if not any(word.startswith("ground_truth=") for word in words):
             words.append("ground_truth=true")
         if not any(word.startswith("out_dir=") for word in words):
-            words.append(f"out_dir={tmp_path / 'run'}")
+            words.append(f"out_dir={tmp_path / ('run' if calls == 1 else f'run-{calls}')}")
         plan = load_run(compose_config(words))
         grid = local_grid(" ".join(words), plan.settings.num_clients, **grid_options)
         return run_server(grid, plan), grid

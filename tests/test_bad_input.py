@@ -207,3 +207,28 @@ def test_a_ray_address_passes_when_something_answers_there():
         check_ray_address("simulation.ray_address", f"ray://127.0.0.1:{port}")
     for local in (None, "auto"):
         check_ray_address("simulation.ray_address", local)
+
+
+def test_a_folder_holding_another_runs_results_is_refused_and_the_same_run_may_replace_its_own(tmp_path):
+    """A run may not write into a folder whose results.json is another run's (another config outside
+    the keys that only say how a run executes); the same run again may, whatever it records or logs."""
+    import json
+
+    from server.config import load_run
+    from settings.compose import compose_config
+
+    out = tmp_path / "run"
+    earlier = load_run(compose_config([*SMOKE, "strategy=fedavg", f"out_dir={out}"])).settings.resolved
+    out.mkdir()
+    results = out / "results.json"
+    results.write_text(json.dumps({"complete": True, "config": earlier}))
+    before = sorted(p.name for p in out.iterdir())
+    with pytest.raises(ConfigError) as caught:
+        sim.preflight([*SMOKE, "strategy=fedavg", "strategy.train.learner=sce", f"out_dir={out}"])
+    _one_line(str(caught.value), f"out_dir='{out}'")
+    assert "strategy.train.learner (ce -> sce)" in str(caught.value) and "replace=true" in str(caught.value)
+    assert sorted(p.name for p in out.iterdir()) == before, "nothing written"
+    sim.preflight([*SMOKE, "strategy=fedavg", "ground_truth=false", "logging.tensorboard=false", f"out_dir={out}"])
+    sim.preflight([*SMOKE, "strategy=fedavg", "strategy.train.learner=sce", "replace=true", f"out_dir={out}"])
+    results.write_text("{not json")  # a results file no run can be read from is not another run's
+    sim.preflight([*SMOKE, "strategy=fedavg", "strategy.train.learner=sce", f"out_dir={out}"])

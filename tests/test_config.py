@@ -28,6 +28,37 @@ def test_the_default_out_dir_changes_with_every_scene_setting():
     assert len(dirs) == 9
 
 
+def test_runs_of_one_scene_that_compute_different_things_get_folders_of_their_own():
+    """A method's option, a learner, the model, an experiment's schedule or a budget: each its own
+    folder beside the others of the scene (one parent), so no run replaces another's results."""
+    variants = [(), ("strategy=fedavg",), ("strategy=fedavg", "strategy.train.learner=sce"),
+                ("strategy=fedavg", "experiment=fmnist"), ("strategy=fedavg", "model=cnn9"),
+                ("strategy=fedavg", "comm_budget=300"), ("strategy=fedavg", "strategy.train.lr=0.02"),
+                ("strategy.stage3=feddyn",)]
+    dirs = [compose_config(list(overrides)).out_dir for overrides in variants]
+    assert len(set(dirs)) == len(variants)
+    assert len({dir.rsplit("/", 1)[0] for dir in dirs}) == 1, "runs of one scene share its folder"
+
+
+def test_how_a_run_executes_does_not_move_its_folder():
+    """Resuming, the ground truth sim.py adds, live curves, checkpoints and Ray's settings leave the run what
+    it is: the same folder, so resume=true and a re-run find it."""
+    default = compose_config([]).out_dir
+    for overrides in (["resume=true"], ["ground_truth=true"], ["logging.tensorboard=true"],
+                      ["server.checkpoint_every=3"], ["simulation.num_cpus_per_client=2"], ["client.device=cpu"]):
+        assert compose_config(overrides).out_dir == default, overrides
+
+
+def test_folder_names_are_plain_words():
+    """No ``=`` or Python's ``True`` in a default folder, and FedCorr's noise model, used by every
+    method, is not named after FedCorr in a FedNoRo run's path."""
+    out_dir = compose_config(["strategy=fednoro"]).out_dir
+    assert "=" not in out_dir and "True" not in out_dir and "False" not in out_dir
+    assert out_dir.split("/")[3] == "perclient_allow_true_label-on_rho-0.6_tau-0.5"
+    assert out_dir.split("/")[-1].startswith("fednoro-") and "fedcorr" not in out_dir
+    assert "allow_true_label-off" in compose_config(["noise.allow_true_label=false"]).out_dir
+
+
 @pytest.mark.parametrize(
     "override,message",
     [

@@ -126,3 +126,19 @@ def test_the_confusion_file_round_trips_the_points_each_client_reported_and_repl
     writer.write_arrays({CONFUSION: confusion_arrays(per_client)})
     ResultsWriter(tmp_path / "run", {"seed": 1})
     assert not (tmp_path / "run" / CONFUSION).exists()
+
+
+def test_the_header_says_what_runs_and_where_it_writes():
+    """One line before the first round: method, dataset, clients, partition, noise with its parameters,
+    seed and the run's folder."""
+    from server.progress import header
+    from settings.compose import compose_config
+    from settings.run import run_settings
+
+    settings = run_settings(compose_config(["experiment=smoke", "num_clients=1", "seed=4", "out_dir=outputs/x"]))
+    line = header(settings, "fednoro")
+    noise = settings.scene.noise
+    assert line.startswith(f"[run] fednoro on {settings.scene.dataset.name}: 1 client, partition ")
+    assert f"noise {noise.name} (" in line and all(f"{key}={value}" in line for key, value in noise.params.items()
+                                                    if value is not None)
+    assert line.endswith(", seed 4 -> outputs/x") and "\n" not in line
