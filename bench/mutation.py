@@ -40,7 +40,7 @@ TESTS: dict[str, tuple[str, ...]] = {
                            "tests/test_rfa.py"),
     "strategies/context.py": (*_STRATEGY_CORE, "tests/test_declared_constraints.py"),
     "strategies/detection.py": ("tests/test_fedcorr_metrics.py", "tests/test_feddiv.py", "tests/test_reply_fields.py"),
-    "strategies/fedavg.py": (*_STRATEGY_CORE, "tests/test_eval_cadence.py"),
+    "strategies/fedavg.py": (*_STRATEGY_CORE, "tests/test_eval_cadence.py", "tests/test_fedavg.py"),
     "strategies/fedcorr.py": (*_FEDCORR_STRATEGY, "tests/test_declared_constraints.py"),
     "strategies/fedcorr_metrics.py": _FEDCORR_STRATEGY,
     "strategies/feddiv.py": ("tests/test_feddiv.py",),
