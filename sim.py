@@ -17,13 +17,27 @@ from __future__ import annotations
 import logging
 import os
 import shlex
+import signal
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from types import FrameType
 from typing import NoReturn
 
 # Flower reports usage to its servers by default; a research run should not phone home.
 os.environ.setdefault("FLWR_TELEMETRY_ENABLED", "0")
+
+
+def _stopped_before_start(signum: int, frame: FrameType | None) -> None:
+    print("stopped by Ctrl-C before the run started; nothing was written", file=sys.stderr)
+    os._exit(130)
+
+
+# Ctrl-C while the imports and the checks run (a few seconds) ends the command in one line; the run's
+# own handling (server.interrupt) takes over when it starts. A SIGINT ignored by whoever started the
+# command (a background job of a script) stays ignored.
+if __name__ == "__main__" and signal.getsignal(signal.SIGINT) is not signal.SIG_IGN:
+    signal.signal(signal.SIGINT, _stopped_before_start)
 
 import hydra  # noqa: E402
 from hydra.core.hydra_config import HydraConfig  # noqa: E402
@@ -37,6 +51,7 @@ from data.scene import planned_scene, prepare_scene  # noqa: E402
 from launch.jobs import Finished, Job, Launcher  # noqa: E402
 from reports.runs import MULTIRUN_INDEX  # noqa: E402  (a multirun lists its jobs' out_dirs for report.py)
 from server.config import RunPlan, load_run  # noqa: E402
+from server.interrupt import INTERRUPTED, exit_now, handle_interrupts, stopped_line  # noqa: E402
 from settings.command_line import checked_jobs, split_command_line  # noqa: E402
 from settings.compose import COMMAND_KEY, CONF_DIR, RUN_CONFIG_KEY, WORKDIR_KEY  # noqa: E402  (also registers the default out_dir's resolvers)
 from settings.run import check_ray_address  # noqa: E402
@@ -156,9 +171,7 @@ def runtime_failed(err: RuntimeError) -> NoReturn:
         cause = cause.__cause__
     reason = (str(cause).splitlines() or [type(cause).__name__])[0]
     print(f"error: the simulation runtime failed: {type(cause).__name__}: {reason}", file=sys.stderr)
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(1)
+    exit_now(1)
 
 
 @hydra.main(config_path=str(CONF_DIR), config_name="config", version_base="1.3")
@@ -166,6 +179,7 @@ def main(cfg: DictConfig) -> None:
     """The ``sim.py`` command: run the composed config and print the summary; a bad config prints one
     ``error:`` line and exits with status 2."""
     hydra_cfg = HydraConfig.get()
+    handle_interrupts()
     try:
         payload = run(cfg, list(hydra_cfg.overrides.task))
     except ConfigError as err:
@@ -173,6 +187,10 @@ def main(cfg: DictConfig) -> None:
         sys.exit(2)
     except RuntimeError as err:
         runtime_failed(err)
+    except KeyboardInterrupt:
+        # Flower's runtime and run_simulation_engine have stopped the workers and Ray on the way here.
+        print(f"\n{stopped_line(cfg.out_dir)}", file=sys.stderr)
+        exit_now(INTERRUPTED)
     if hydra_cfg.mode == RunMode.MULTIRUN:
         with open(Path(hydra_cfg.sweep.dir) / MULTIRUN_INDEX, "a") as index:
             index.write(f"{Path(cfg.out_dir).resolve()}\n")
@@ -278,6 +296,8 @@ if __name__ == "__main__":
         launcher, argv = take_launch_flags(sys.argv[1:])
         jobs = planned_jobs(argv)
         if launcher.concurrent:
+            if signal.getsignal(signal.SIGINT) is not signal.SIG_IGN:
+                signal.signal(signal.SIGINT, signal.default_int_handler)  # run_concurrently stops its jobs
             sys.exit(run_concurrently(jobs, argv, launcher))
     except ConfigError as err:
         print(f"error: {err}", file=sys.stderr)

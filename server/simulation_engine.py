@@ -111,9 +111,9 @@ def run_simulation_engine(
             warnings.filterwarnings("ignore", message="Tip: In future versions of Ray", category=FutureWarning)
             _run_flower_simulation(server_app, client_app, num_supernodes, dict(run_config), backend_config, verbose)
     finally:
-        # Flower shuts Ray down itself unless it fails between starting Ray and building the actor pool.
-        if ray.is_initialized():
-            ray.shutdown()
+        # Flower shuts Ray down itself unless it fails (or is interrupted) between starting Ray and building
+        # the actor pool; Ray's shutdown also stops the processes of a start that was cut short.
+        ray.shutdown()
 
 
 def _check_arguments(num_supernodes: int, run_config: RunConfig) -> None:

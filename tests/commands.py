@@ -7,6 +7,19 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 
 
+def group_alive(group: int) -> list[int]:
+    """Processes still running (zombies have ended) in the process group or session ``group``."""
+    alive = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if fields[0] != "Z" and group in (int(fields[2]), int(fields[3])):
+            alive.append(int(stat.parent.name))
+    return alive
+
+
 def sim(*overrides: str, timeout: float = 300) -> subprocess.CompletedProcess:
     """``python sim.py <overrides>`` in the repository; its output captured."""
     return subprocess.run([sys.executable, "sim.py", *overrides], cwd=REPO, capture_output=True, text=True,

@@ -27,7 +27,7 @@ from pathlib import Path
 import inprocess
 import numpy as np
 import pytest
-from commands import REPO, sim
+from commands import REPO, group_alive, sim
 
 from server.checkpoints import Checkpoint, CheckpointStore, Lineage, read_checkpoint
 
@@ -46,19 +46,6 @@ def read_rounds(out: Path) -> Rows:
     path = out / "rounds.jsonl"
     text = path.read_text() if path.is_file() else ""
     return [json.loads(line) for line in text.split("\n")[:-1]]
-
-
-def _group_alive(group: int) -> list[int]:
-    """Processes still running (zombies have ended) in the process group or session ``group``."""
-    alive = []
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except (OSError, IndexError):
-            continue
-        if fields[0] != "Z" and group in (int(fields[2]), int(fields[3])):
-            alive.append(int(stat.parent.name))
-    return alive
 
 
 def _tail(path: Path) -> str:
@@ -96,10 +83,10 @@ def sim_killed(args: list[str], watch: Path, due: Callable[[Rows], bool], log: P
             pass
         proc.wait()
         deadline = time.monotonic() + KILL_WAIT
-        while _group_alive(group) and time.monotonic() < deadline:
+        while group_alive(group) and time.monotonic() < deadline:
             time.sleep(0.2)
     assert proc.returncode == -signal.SIGKILL, _tail(log)
-    assert _group_alive(group) == [], "processes of the killed run still running"
+    assert group_alive(group) == [], "processes of the killed run still running"
     return read_rounds(watch)
 
 
