@@ -59,23 +59,6 @@ from settings.run import check_ray_address  # noqa: E402
 GROUND_TRUTH = "ground_truth"
 
 
-def format_summary(payload: dict) -> str:
-    """The closing table of a results payload: rounds, best/final/last-10 accuracy, cost, wall time, and
-    where results.json is."""
-    summary, config = payload["summary"], payload["config"]
-
-    def pct(value: float | None) -> str:
-        return "   -  " if value is None else f"{100 * value:6.2f}"
-
-    return "\n".join([
-        f"{'strategy':<10} {'rounds':>6} {'best %':>7} {'final %':>7} {'last10 %':>8} {'comm':>6} {'wall s':>7}",
-        f"{config['strategy']['name']:<10} {len(payload['rounds']):>6} {pct(summary['best_acc']):>7} "
-        f"{pct(summary['final_acc']):>7} {pct(summary['last10_mean_acc']):>8} {summary['comm_cost']:>6} "
-        f"{summary['wall_s']:>7.1f}",
-        f"results: {config['out_dir']}/results.json",
-    ])
-
-
 def with_ground_truth(cfg: DictConfig, overrides: list[str]) -> tuple[DictConfig, list[str]]:
     """A simulation has its scene's ground truth: ``ground_truth=true`` unless the overrides set it."""
     if any(override.lstrip("+~").split("=", 1)[0] == GROUND_TRUTH for override in overrides):
@@ -181,7 +164,7 @@ def main(cfg: DictConfig) -> None:
     hydra_cfg = HydraConfig.get()
     handle_interrupts()
     try:
-        payload = run(cfg, list(hydra_cfg.overrides.task))
+        run(cfg, list(hydra_cfg.overrides.task))
     except ConfigError as err:
         print(f"error: {err}", file=sys.stderr)
         sys.exit(2)
@@ -194,7 +177,6 @@ def main(cfg: DictConfig) -> None:
     if hydra_cfg.mode == RunMode.MULTIRUN:
         with open(Path(hydra_cfg.sweep.dir) / MULTIRUN_INDEX, "a") as index:
             index.write(f"{Path(cfg.out_dir).resolve()}\n")
-    print(format_summary(payload))
 
 
 LAUNCH_FLAGS = ("--jobs", "--cluster", "--job-cpus")

@@ -13,7 +13,7 @@ from flwr.app import ArrayRecord, Context, Message
 from flwr.clientapp import ClientApp
 
 from client.label_state import current_labels
-from client.node import LocalNode, load_node, sends_ground_truth
+from client.node import LocalNode, load_node, sends_ground_truth, simulated_federation_size
 from client.plugins.base import QueryHandler
 from client.plugins.registry import plugin, plugins
 from client.state_store import enter, state_root
@@ -38,7 +38,8 @@ def info(message: Message, context: Context) -> Message:
     node = load_node(context)
     sends_ground_truth(context)
     keeps_state = int(state_root(context, node.settings.out_dir) is not None)
-    return Message(reply(NodeInfo(node.partition_id, len(node.data), keeps_state)), reply_to=message)
+    info = NodeInfo(node.partition_id, len(node.data), keeps_state, simulated_federation_size(context))
+    return Message(reply(info), reply_to=message)
 
 
 @app.train()

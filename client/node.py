@@ -141,6 +141,13 @@ def load_node(context: Context) -> LocalNode:
     )
 
 
+def simulated_federation_size(context: Context) -> int:
+    """How many virtual nodes Flower's simulation runtime was asked for (``num-partitions`` of a node
+    without a local data file); 0 for a deployed node."""
+    config = context.node_config
+    return int(config[NUM_PARTITIONS_KEY]) if NUM_PARTITIONS_KEY in config and DATA_PATH_KEY not in config else 0
+
+
 def sends_ground_truth(context: Context) -> bool:
     """Whether this node may send ground-truth diagnostics (counts of its labels against their true
     labels) when a run asks for them: its node config's ``ground-truth-diagnostics`` (true or false,

@@ -62,12 +62,16 @@ SERVER = "the server"
 
 @dataclass(frozen=True)
 class NodeInfo:
-    """Reply to ``query.info``: which partition a node holds, how many training samples it has, and
-    whether it keeps its state on disk (1: a state folder, so a resumed run finds it; 0: in memory)."""
+    """Reply to ``query.info``: which partition a node holds, how many training samples it has,
+    whether it keeps its state on disk (1: a state folder, so a resumed run finds it; 0: in memory),
+    and for a virtual node of Flower's simulation runtime how many nodes the federation was given
+    (its ``num-partitions``; 0 for a deployed node), so a size that differs from ``num_clients`` is
+    refused at once instead of waiting for nodes that never come."""
 
     partition_id: int
     num_examples: int
     keeps_state: int
+    num_partitions: int = 0
 
 
 @dataclass(frozen=True)

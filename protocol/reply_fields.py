@@ -83,7 +83,8 @@ def _declared() -> tuple[ReplyField, ...]:
     split = {key: "stage 1" for key in ("mu-hat", "split-tp", "split-fp", "split-fn", "split-tn")}
     return (
         *_payload(INFO, METRICS, NodeInfo, (EVERY,), "once per run (discovery)",
-                  sizes={"keeps-state": "int (0 or 1)"}),
+                  sizes={"keeps-state": "int (0 or 1)",
+                         "num-partitions": "int (a simulation's node count; 0 deployed)"}),
         ReplyField(TRAIN, ARRAYS, TENSORS, "the trained model's state: P numbers (2P: Co-teaching's two networks)",
                    (EVERY,)),
         *_payload(TRAIN, METRICS, TrainStats, (EVERY,)),

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 
 from flwr.app import Message
 from flwr.serverapp import Grid
@@ -24,14 +25,24 @@ class DiscoveryError(RuntimeError):
     """The federation did not come together as configured."""
 
 
-def wait_for_nodes(grid: Grid, expected: int, timeout: float, poll_s: float = 1.0) -> list[int]:
-    """Node ids once ``expected`` nodes are connected; DiscoveryError after ``timeout`` seconds."""
+def wait_for_nodes(grid: Grid, expected: int, timeout: float, poll_s: float = 1.0,
+                   probe: Callable[[list[int]], None] | None = None, settle_s: float = 3.0) -> list[int]:
+    """Node ids once ``expected`` nodes are connected; DiscoveryError after ``timeout`` seconds.
+    ``probe``: called with the connected nodes when fewer than ``expected`` have stayed connected for
+    ``settle_s`` seconds (once per count), to refuse a federation that cannot grow (a simulation)."""
     deadline = time.monotonic() + timeout
+    count, since, probed = -1, time.monotonic(), -1
     while True:
         nodes = sorted(grid.get_node_ids())
         if len(nodes) >= expected:
             return nodes
-        if time.monotonic() >= deadline:
+        now = time.monotonic()
+        if len(nodes) != count:
+            count, since = len(nodes), now
+        elif probe is not None and nodes and probed != count and now - since >= settle_s:
+            probe(nodes)
+            probed = count
+        if now >= deadline:
             raise DiscoveryError(
                 f"only {len(nodes)} of num_clients={expected} nodes connected within "
                 f"server.node_wait_timeout={timeout}s"
@@ -39,14 +50,11 @@ def wait_for_nodes(grid: Grid, expected: int, timeout: float, poll_s: float = 1.
         time.sleep(poll_s)
 
 
-def discover(grid: Grid, expected: int, wait_timeout: float, reply_timeout: float) -> Federation:
-    """Map every connected node to its partition id; the ids must be exactly 0..expected-1."""
-    nodes = wait_for_nodes(grid, expected, wait_timeout)
+def node_infos(grid: Grid, nodes: list[int], timeout: float) -> tuple[dict[int, NodeInfo], list[str]]:
+    """Each answering node's ``NodeInfo`` to a ``query.info``, and one problem per node that failed."""
     queries = [Message(content=instruction(), message_type=INFO, dst_node_id=node) for node in nodes]
-    replies = list(grid.send_and_receive(queries, timeout=reply_timeout))
-    node_of: dict[int, int] = {}
-    num_examples: dict[int, int] = {}
-    without_state: set[int] = set()
+    replies = list(grid.send_and_receive(queries, timeout=timeout))
+    infos: dict[int, NodeInfo] = {}
     problems = []
     for reply in replies:
         node = answering_node(reply, queries)
@@ -55,10 +63,39 @@ def discover(grid: Grid, expected: int, wait_timeout: float, reply_timeout: floa
             problems.append(f"node {node} failed the info query: {short_reason(reply.error.reason)}")
             continue
         try:
-            info = read_reply(reply.content, NodeInfo, f"node {node}")
+            infos[node] = read_reply(reply.content, NodeInfo, f"node {node}")
         except ProtocolError as err:
             problems.append(str(err))
-            continue
+    if len(replies) < len(nodes):
+        problems.append(f"{len(nodes) - len(replies)} node(s) did not answer the info query in time")
+    return infos, problems
+
+
+def check_federation_size(infos: dict[int, NodeInfo], expected: int) -> None:
+    """A simulation's nodes say how many of them there are (``NodeInfo.num_partitions``); a number other
+    than ``num_clients`` is refused at once, saying what to set."""
+    sizes = sorted({info.num_partitions for info in infos.values()} - {0, expected})
+    if sizes:
+        raise DiscoveryError(
+            f"the simulation has num-supernodes={sizes[0]} nodes but the run has num_clients={expected}: set "
+            f"num-supernodes={expected} in the federation config (flwr run . --federation-config "
+            f"\"num-supernodes={expected}\"), or num_clients={sizes[0]}"
+        )
+
+
+def discover(grid: Grid, expected: int, wait_timeout: float, reply_timeout: float) -> Federation:
+    """Map every connected node to its partition id; the ids must be exactly 0..expected-1."""
+
+    def probe(nodes: list[int]) -> None:
+        check_federation_size(node_infos(grid, nodes, reply_timeout)[0], expected)
+
+    nodes = wait_for_nodes(grid, expected, wait_timeout, probe=probe)
+    infos, problems = node_infos(grid, nodes, reply_timeout)
+    check_federation_size(infos, expected)
+    node_of: dict[int, int] = {}
+    num_examples: dict[int, int] = {}
+    without_state: set[int] = set()
+    for node, info in infos.items():
         pid, size = info.partition_id, info.num_examples
         if not 0 <= pid < expected:
             problems.append(f"node {node} reports partition {pid}, outside 0..{expected - 1} (num_clients={expected})")
@@ -69,8 +106,6 @@ def discover(grid: Grid, expected: int, wait_timeout: float, reply_timeout: floa
         num_examples[pid] = size
         if not info.keeps_state:
             without_state.add(pid)
-    if len(replies) < len(nodes):
-        problems.append(f"{len(nodes) - len(replies)} node(s) did not answer the info query in time")
     missing = sorted(set(range(expected)) - set(node_of))
     if missing:
         problems.append(f"no node holds partition(s) {missing[:10]}{' ...' if len(missing) > 10 else ''}")

@@ -32,6 +32,23 @@ def _clock(seconds: float) -> str:
     return f"{hours}:{minutes:02d}:{secs:02d}"
 
 
+def closing_lines(payload: dict[str, Any]) -> str:
+    """The closing table of a results payload: rounds, best/final/last-10 accuracy, cost, wall time, and
+    where results.json is."""
+    summary, config = payload["summary"], payload["config"]
+
+    def pct(value: float | None) -> str:
+        return "   -  " if value is None else f"{100 * value:6.2f}"
+
+    return "\n".join([
+        f"{'strategy':<10} {'rounds':>6} {'best %':>7} {'final %':>7} {'last10 %':>8} {'comm':>6} {'wall s':>7}",
+        f"{config['strategy']['name']:<10} {len(payload['rounds']):>6} {pct(summary['best_acc']):>7} "
+        f"{pct(summary['final_acc']):>7} {pct(summary['last10_mean_acc']):>8} {summary['comm_cost']:>6} "
+        f"{summary['wall_s']:>7.1f}",
+        f"results: {config['out_dir']}/results.json",
+    ])
+
+
 class Progress:
     """Prints a line per finished round (to stdout by default, flushed so logs stream live)."""
 

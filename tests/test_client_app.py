@@ -24,7 +24,8 @@ def run(prepared_run):
 def test_info_reports_partition_and_size(run, incoming, node_context):
     overrides, scene, _ = run
     reply = client_app.info(incoming(instruction(), "query.info"), node_context(overrides, 4))
-    assert read_reply(reply.content, NodeInfo, "node") == NodeInfo(4, int(scene.client_sizes()[4]), 1)
+    # A virtual node of the test grid, as of the simulation runtime: it also tells the federation's size.
+    assert read_reply(reply.content, NodeInfo, "node") == NodeInfo(4, int(scene.client_sizes()[4]), 1, 10)
 
 
 def test_train_returns_new_arrays_and_stats(run, incoming, node_context):

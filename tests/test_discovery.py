@@ -41,6 +41,32 @@ def test_too_few_nodes_fail_after_the_wait_timeout(run, local_grid):
     assert time.monotonic() - start < 5
 
 
+@pytest.mark.parametrize("num_nodes", [4, 8])
+def test_a_simulation_of_another_size_is_refused_at_once_saying_what_to_set(run, local_grid, num_nodes):
+    """Virtual nodes tell how many of them the runtime was given; fewer than num_clients cannot grow, so
+    discovery refuses them once they have settled (seconds, not the 120 s node wait), as it refuses
+    more at once."""
+    overrides, _, _ = run
+    start = time.monotonic()
+    with pytest.raises(DiscoveryError) as caught:
+        discover(local_grid(overrides, num_nodes), 6, wait_timeout=60.0, reply_timeout=5.0)
+    assert str(caught.value) == (f"the simulation has num-supernodes={num_nodes} nodes but the run has num_clients=6: "
+                                 'set num-supernodes=6 in the federation config (flwr run . --federation-config '
+                                 f'"num-supernodes=6"), or num_clients={num_nodes}')
+    assert time.monotonic() - start < 30
+
+
+def test_deployed_nodes_say_nothing_of_the_federations_size(run, local_grid):
+    """A deployed SuperNode has no num-partitions: it reports 0 and discovery waits for the others."""
+    overrides, _, _ = run
+    grid = local_grid(overrides, 2, node_configs={pid: {"num-partitions": None} for pid in range(2)})
+    queries = [Message(instruction(), message_type=INFO, dst_node_id=grid.node_of(pid)) for pid in range(2)]
+    infos = [read_reply(answer.content, NodeInfo, "node") for answer in grid.send_and_receive(queries)]
+    assert {info.num_partitions for info in infos} == {0}
+    with pytest.raises(DiscoveryError, match=r"only 2 of num_clients=3 nodes connected"):
+        discover(grid, 3, wait_timeout=0.5, reply_timeout=1.0)
+
+
 def test_two_nodes_claiming_one_partition_fail_and_name_the_missing_one(run, local_grid):
     overrides, _, _ = run
     grid = local_grid(overrides, 3, node_configs={1: {"partition-id": 0}})
