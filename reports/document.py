@@ -9,13 +9,22 @@ from pathlib import Path
 
 import numpy as np
 from matplotlib.figure import Figure
+from matplotlib.ticker import PercentFormatter
 
 from common.text import counted
 from data.plot import class_counts, partition_figure
 from data.scene import SCENE_FILE, Scene
-from reports.figures import confusion_figure, curves_figure, lid_figure, noise_estimate_figure, split_figure
+from reports.figures import (
+    X_AXES,
+    choose_x,
+    confusion_figure,
+    curves_figure,
+    lid_figure,
+    noise_estimate_figure,
+    split_figure,
+)
 from reports.runs import Run
-from reports.tables import COLUMNS, group_runs, markdown, table_rows
+from reports.tables import COLUMNS, HEADERS, group_runs, markdown, table_rows
 
 # Above this many runs, per-run figures are drawn for the first run of each group only.
 PER_RUN_FIGURES_UP_TO = 6
@@ -44,14 +53,39 @@ def partition_of(run: Run, drawn: set[str]) -> Figure | None:
     drawn.add(spec)
     num_classes = int(scene.spec["dataset"]["num_classes"])
     counts = class_counts(scene.client, scene.reference_labels(), scene.num_clients, num_classes)
-    return partition_figure(counts, noise_rate=np.clip(scene.true_noise_rate(), 0, 1),
-                            title=f"{run.dataset}: {counted(scene.num_clients, 'client')}")
+    figure = partition_figure(counts, noise_rate=np.clip(scene.true_noise_rate(), 0, 1),
+                              title=f"{run.dataset}: {counted(scene.num_clients, 'client')}")
+    _noise_axis_in_percent(figure)
+    return figure
 
 
-def write_report(runs: list[Run], out: Path, target: float, x: str = "round",
+def _noise_axis_in_percent(figure: Figure) -> None:
+    """``data.plot`` draws the noise panel's rates as fractions; the report shows rates in %."""
+    if len(figure.axes) > 1:
+        noise = figure.axes[1]
+        noise.xaxis.set_major_formatter(PercentFormatter(xmax=1.0, decimals=0))
+        noise.set_xlabel(f"{noise.get_xlabel()} (%)")
+
+
+def _write_csv(rows: list[dict[str, str]], path: Path) -> None:
+    """The table as CSV under its ``HEADERS`` (units in the header, as in the Markdown table)."""
+    with open(path, "w", newline="") as stream:
+        writer = csv.writer(stream)
+        writer.writerow([HEADERS[column] for column in COLUMNS])
+        writer.writerows([row[column] for column in COLUMNS] for row in rows)
+
+
+def _run_labels(groups: dict[str, list[Run]]) -> dict[Path, str]:
+    """Each run's name in its figures' titles: its group label, with its seed when the group has several."""
+    return {run.path: label if len(runs) == 1 else f"{label}, seed {run.seed}"
+            for label, runs in groups.items() for run in runs}
+
+
+def write_report(runs: list[Run], out: Path, target: float, x: str = "auto",
                  clients: list[int] | None = None) -> Path:
     """Figures, table.md, table.csv and report.md for ``runs`` in ``out``; returns report.md's path.
-    ``x``: the curves' horizontal axis, ``round`` or ``comm_cost``; ``clients``: also draw the label
+    ``target`` is a fraction (printed in %); ``x``: the curves' horizontal axis, ``round``,
+    ``comm_cost`` or ``auto`` (per dataset: ``figures.choose_x``); ``clients``: also draw the label
     confusion of these clients alone."""
     out.mkdir(parents=True, exist_ok=True)
     lines = ["# Run report", ""]
@@ -68,25 +102,28 @@ def write_report(runs: list[Run], out: Path, target: float, x: str = "round",
         tag = _slug(dataset)
         lines += ["", f"## {dataset}", "", markdown(rows)]
         (out / f"table-{tag}.md").write_text(markdown(rows))
-        with open(out / f"table-{tag}.csv", "w", newline="") as stream:
-            writer = csv.DictWriter(stream, fieldnames=COLUMNS)
-            writer.writeheader()
-            writer.writerows(rows)
-        lines += [f"![accuracy and loss over rounds]({_save(curves_figure(groups, x), out / f'curves-{tag}.png')})", ""]
+        _write_csv(rows, out / f"table-{tag}.csv")
+        axis = choose_x(groups, x)
+        why = ", chosen as the runs' rounds differ in structure" if x == "auto" and axis == "comm_cost" else ""
+        lines += [f"Curves over {X_AXES[axis]}{why}.", "",
+                  f"![accuracy and loss over {axis}]({_save(curves_figure(groups, axis), out / f'curves-{tag}.png')})",
+                  ""]
+        labels = _run_labels(groups)
         per_run = members if len(members) <= PER_RUN_FIGURES_UP_TO else [group[0] for group in groups.values()]
         drawn_scenes: set[str] = set()
         for run in per_run:
             name = _slug(f"{run.path.parent.name}-{run.path.name}")
+            label = labels[run.path]
             drawn = [(title, figure) for title, figure in (
-                ("LID and cumulative LID per iteration", lid_figure(run)),
-                ("estimated vs true noise level", noise_estimate_figure(run)),
-                ("noisy-sample split per client", split_figure(run)),
-                ("label confusion of the noisy clients", confusion_figure(run)),
-                ("label confusion of the chosen clients", confusion_figure(run, clients) if clients else None),
+                ("LID and cumulative LID per iteration", lid_figure(run, label)),
+                ("estimated vs true noise level", noise_estimate_figure(run, label)),
+                ("noisy-sample split per client", split_figure(run, label)),
+                ("label confusion of the noisy clients", confusion_figure(run, label=label)),
+                ("label confusion of the chosen clients", confusion_figure(run, clients, label) if clients else None),
                 ("partition", partition_of(run, drawn_scenes))) if figure is not None]
             if not drawn:
                 continue
-            lines += [f"### `{run.path}`", ""]
+            lines += [f"### {label}: `{run.path}`", ""]
             for title, figure in drawn:
                 lines += [f"![{title}]({_save(figure, out / f'{_slug(title)}-{name}.png')})", ""]
     report = out / "report.md"

@@ -106,10 +106,14 @@ def _accuracy(run: Run, key: str) -> float | None:
 
 COLUMNS = ("group", "runs", "seeds", "best %", "final %", "last-10 %", "detection F1", "label noise after s2 %",
            "rounds to target", "comm to target", "comm vs FedCorr")
+"""The keys of a table row (other code reads rows by them, so they stay as they are)."""
+# What the Markdown and CSV tables print above each column: its unit where the key has none.
+HEADERS = {column: column for column in COLUMNS} | {"detection F1": "detection F1 %"}
 
 
 def table_rows(groups: dict[str, list[Run]], target: float) -> list[dict[str, str]]:
-    """One row per group (see ``COLUMNS``); "comm vs FedCorr" divides by the mean communication cost
+    """One row per group (see ``COLUMNS``), accuracies, noise and detection F1 in % (what a person
+    reads; results.json keeps fractions); "comm vs FedCorr" divides by the mean communication cost
     to the target of the first FedCorr group on the same scene, as Tables 11-13 do."""
     reach = {label: [first_reach(run, target) for run in runs] for label, runs in groups.items()}
 
@@ -137,7 +141,7 @@ def table_rows(groups: dict[str, list[Run]], target: float) -> list[dict[str, st
             "best %": mean_std([_accuracy(run, "best_acc") for run in runs], 100),
             "final %": mean_std([_accuracy(run, "final_acc") for run in runs], 100),
             "last-10 %": mean_std([_accuracy(run, "last10_mean_acc") for run in runs], 100),
-            "detection F1": mean_std([_figure(run.method_block, "detection", "f1") for run in runs], 1, 3),
+            "detection F1": mean_std([_figure(run.method_block, "detection", "f1") for run in runs], 100, 1),
             "label noise after s2 %": mean_std([_figure(run.fedcorr, "label_noise", "after_stage2") for run in runs],
                                                100),
             "rounds to target": mean_std([float(r.round) for r in reached if r.round is not None], 1, 1) + note,
@@ -148,7 +152,7 @@ def table_rows(groups: dict[str, list[Run]], target: float) -> list[dict[str, st
 
 
 def markdown(rows: list[dict[str, str]]) -> str:
-    """The rows as a Markdown table."""
-    lines = ["| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
+    """The rows as a Markdown table, under ``HEADERS``."""
+    lines = ["| " + " | ".join(HEADERS[column] for column in COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
     lines += ["| " + " | ".join(row[column] for column in COLUMNS) + " |" for row in rows]
     return "\n".join(lines) + "\n"
