@@ -163,6 +163,10 @@ def main(cfg: DictConfig) -> None:
     ``error:`` line and exits with status 2."""
     hydra_cfg = HydraConfig.get()
     handle_interrupts()
+    if hydra_cfg.mode == RunMode.MULTIRUN and SWEPT:
+        # Each job of a serial multirun names itself as it starts, as --jobs names its jobs.
+        swept = " ".join(word for word in hydra_cfg.overrides.task if word.partition("=")[0] in SWEPT_KEYS)
+        print(f"[job {hydra_cfg.job.num + 1}/{len(SWEPT)}] {swept}", flush=True)
     try:
         run(cfg, list(hydra_cfg.overrides.task))
     except ConfigError as err:
@@ -227,6 +231,12 @@ def sweep_folder(overrides: list[str]) -> Path:
     return Path(str(OmegaConf.load(CONF_DIR / "config.yaml").hydra.sweep.dir))
 
 
+SWEPT: list[list[str]] = []
+"""The overrides of each job of this command's multirun (set before Hydra runs them)."""
+SWEPT_KEYS: set[str] = set()
+"""The keys whose values differ between the jobs of the multirun: they name a job."""
+
+
 def job_names(words: list[list[str]]) -> list[str]:
     """Each job's name: its number and the overrides that differ between the jobs (the swept ones)."""
     shared = set.intersection(*(set(job) for job in words)) if words else set()
@@ -277,6 +287,9 @@ if __name__ == "__main__":
     try:
         launcher, argv = take_launch_flags(sys.argv[1:])
         jobs = planned_jobs(argv)
+        SWEPT[:] = [job_words for job_words, _ in jobs]
+        shared = set.intersection(*(set(job) for job in SWEPT)) if SWEPT else set()
+        SWEPT_KEYS.update(word.partition("=")[0] for job in SWEPT for word in job if word not in shared)
         if launcher.concurrent:
             if signal.getsignal(signal.SIGINT) is not signal.SIG_IGN:
                 signal.signal(signal.SIGINT, signal.default_int_handler)  # run_concurrently stops its jobs
