@@ -36,8 +36,8 @@ _FEDCORR_STRATEGY = ("tests/test_fedcorr_stages.py", "tests/test_fedcorr_metrics
 _STRATEGY_CORE = ("tests/test_strategies.py", "tests/test_baselines.py", "tests/test_registry.py")
 TESTS: dict[str, tuple[str, ...]] = {
     "strategies/aggregation.py": ("tests/test_strategies.py", "tests/test_baselines.py"),
-    "strategies/base.py": (*_STRATEGY_CORE, "tests/test_eval_cadence.py", "tests/test_feddiv.py", "tests/test_fedes.py",
-                           "tests/test_rfa.py"),
+    "strategies/base.py": (*_STRATEGY_CORE, "tests/test_strategy_base.py", "tests/test_eval_cadence.py",
+                           "tests/test_feddiv.py", "tests/test_fedes.py", "tests/test_rfa.py"),
     "strategies/context.py": (*_STRATEGY_CORE, "tests/test_declared_constraints.py"),
     "strategies/detection.py": ("tests/test_fedcorr_metrics.py", "tests/test_feddiv.py", "tests/test_reply_fields.py"),
     "strategies/fedavg.py": (*_STRATEGY_CORE, "tests/test_eval_cadence.py", "tests/test_fedavg.py"),

@@ -1,6 +1,8 @@
 """The strategies' shared machinery: aggregation, seeded sampling, addressing, and the checks every
 reply passes (failure policy and protocol) before it is aggregated."""
 
+import logging
+
 import numpy as np
 import pytest
 import torch
@@ -191,6 +193,41 @@ def test_skip_policy_still_fails_when_nobody_is_left():
     strategy.messages({pid: RecordDict() for pid in [0]}, "train")
     with pytest.raises(ClientFailure, match="no client left"):
         strategy.aggregate_train(1, [])
+
+
+def test_a_failed_round_names_every_failed_client_in_partition_order():
+    """With clients left, the error lists each failure by partition, joined by "; ", and nothing else."""
+    strategy = fedavg()
+    strategy.messages({pid: RecordDict() for pid in [0, 1, 2, 3]}, "train")
+    replies = [reply_from(3, error="Traceback\nOSError: boom"), train_reply(1, np.zeros(2), 0, 5, 0.1),
+               reply_from(2, error="ValueError: disk on fire")]
+    with pytest.raises(ClientFailure) as failure:
+        strategy.aggregate_train(1, replies)
+    assert str(failure.value) == ("client 0 did not reply in time; client 2 failed: ValueError: disk on fire; "
+                                  "client 3 failed: OSError: boom")
+
+
+def test_skip_policy_says_when_no_client_is_left():
+    strategy = fedavg(skip_failed=True)
+    strategy.messages({pid: RecordDict() for pid in [0, 2]}, "train")
+    with pytest.raises(ClientFailure) as failure:
+        strategy.aggregate_train(1, [reply_from(2, error="boom")])
+    assert str(failure.value) == ("client 0 did not reply in time; client 2 failed: boom "
+                                  "(no client left in the round)")
+
+
+def test_skip_policy_reads_the_replies_after_a_failed_one_and_logs_the_whole_reason(caplog):
+    """A failed reply does not end the reading of the others; its whole reason goes to the debug
+    log, its short reason to the warning that says it was skipped."""
+    caplog.set_level(logging.DEBUG, logger="strategies.base")
+    strategy = fedavg(skip_failed=True)
+    strategy.messages({pid: RecordDict() for pid in [1, 2]}, "train")
+    reason = 'Traceback (most recent call last):\n  File "x.py", line 3\nValueError: disk on fire'
+    arrays, _ = strategy.aggregate_train(1, [reply_from(2, error=reason), train_reply(1, np.ones(2), 0, 5, 0.1)])
+    assert np.allclose(arrays["w"].numpy(), 1.0) and strategy.history[-1].clients == [1]
+    assert [(r.levelno, r.getMessage()) for r in caplog.records if r.name == "strategies.base"] == [
+        (logging.DEBUG, f"client 2 failed with:\n{reason}"),
+        (logging.WARNING, "client 2 failed: ValueError: disk on fire; skipped (server.on_client_error=skip)")]
 
 
 def test_a_malformed_reply_names_the_client_and_the_key_before_aggregation():
