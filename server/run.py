@@ -228,7 +228,8 @@ def run_server(grid: Grid, plan: RunPlan, command: str | None = None, overrides:
         strategy.log.restore(checkpoint.log)
         restore_generators(strategy.rng, checkpoint.generators)
     store.write_record(RunRecord(settings.resolved, start.lineage))
-    live = LiveCurves(settings.out_dir, strategy.result_blocks) if settings.logging.tensorboard else None
+    live = (LiveCurves(settings.out_dir, strategy.result_blocks, settings.resolved, strategy.log.completed + 1)
+            if settings.logging.tensorboard else None)
     strategy.observe(RoundReporter(EvaluationSchedule.of(settings, strategy), CentralEvaluator(settings, dataset),
                                    results, live))
     checkpointer = Checkpointer(settings, store, strategy, results, start.lineage)

@@ -6,6 +6,7 @@ import importlib.util
 
 import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+from tensorboard.plugins.hparams import plugin_data_pb2
 
 from common.errors import ConfigError
 from server.config import load_run
@@ -45,3 +46,65 @@ def test_off_by_default_and_refused_without_the_package(tmp_path, monkeypatch):
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "tensorboard" else real(name, *a))
     with pytest.raises(ConfigError, match=r"logging.tensorboard=True is invalid: true needs the tensorboard package"):
         load_run(compose_config(["experiment=smoke", "logging.tensorboard=true"]))
+
+
+def _events(folder) -> EventAccumulator:
+    events = EventAccumulator(str(folder / TENSORBOARD_DIR))
+    events.Reload()
+    return events
+
+
+def test_every_methods_detection_the_config_and_the_cost_axis_are_logged(run_inprocess, tmp_path, capsys):
+    """FedNoRo's detection (not only FedCorr's) as it changes, the resolved config as hyper-parameters
+    and text, accuracy over communication cost, and a line saying where the events are."""
+    out = tmp_path / "run"
+    payload, _ = run_inprocess(f"experiment=smoke strategy=fednoro strategy.train.epochs=1 logging.tensorboard=true "
+                               f"out_dir={out}")
+    assert f"[tensorboard] events in {out / TENSORBOARD_DIR}: tensorboard --logdir" in capsys.readouterr().out
+    events = _events(out)
+    detection = payload["fednoro"]["detection"]
+    flagged = events.Scalars("fednoro/detected/flagged_clients")
+    # Logged once, at the detection: nothing before it (the warm-up flags no one), no change after it.
+    assert [e.value for e in flagged] == [len(payload["fednoro"]["detected_noisy_clients"])]
+    # The detection runs after the warm-up's last round, before the next one trains: it shows in that round.
+    assert flagged[0].step == payload["fednoro"]["detections"][0]["after_round"] + 1
+    assert [e.value for e in events.Scalars("fednoro/detected/f1")] == pytest.approx([detection["f1"]])
+    evaluated = [r for r in payload["rounds"] if r["test_acc"] is not None]
+    by_cost = events.Scalars("by_comm_cost/test/accuracy")
+    assert [e.step for e in by_cost] == [r["comm_cost"] for r in evaluated]
+    assert [e.value for e in by_cost] == pytest.approx([r["test_acc"] for r in evaluated])
+    text = events.Tensors("config/text_summary")[0].tensor_proto.string_val[0].decode()
+    assert '"name": "fednoro"' in text and f'"out_dir": "{out}"' in text, "the resolved config as text"
+    # The HParams tab's experiment, in the run's own folder: every config key, compared on test/accuracy.
+    experiment = plugin_data_pb2.HParamsPluginData.FromString(
+        events.PluginTagToContent("hparams")["_hparams_/experiment"]).experiment
+    assert {"strategy.name", "seed", "noise.rho"} <= {h.name for h in experiment.hparam_infos}
+    assert [m.name.tag for m in experiment.metric_infos] == ["test/accuracy"]
+
+
+def test_a_rerun_replaces_the_curves_and_a_resume_drops_what_a_killed_attempt_wrote_after_its_checkpoint(tmp_path):
+    """Fresh: only this run's events. Resumed at round 3: the killed attempt's rounds 3 and 4 are purged,
+    so each step holds one value."""
+    from server.live_curves import LiveCurves
+
+    def write(rounds: range, value: float, first_round: int) -> None:
+        live = LiveCurves(str(tmp_path), dict, {"seed": 1}, first_round)
+        for r in rounds:
+            live.round({"round": r, "stage": "fedavg", "test_acc": value, "comm_cost": 3 * r})
+        live.close()
+
+    write(range(1, 5), 0.5, 1)
+    write(range(1, 3), 0.6, 1)  # a fresh run in the same folder
+    assert [(e.step, round(e.value, 6)) for e in _events(tmp_path).Scalars("test/accuracy")] == [(1, 0.6), (2, 0.6)]
+    write(range(1, 5), 0.5, 1)
+    write(range(3, 6), 0.7, 3)  # resumed from the checkpoint of round 2
+    assert [(e.step, round(e.value, 6)) for e in _events(tmp_path).Scalars("test/accuracy")] == [
+        (1, 0.5), (2, 0.5), (3, 0.7), (4, 0.7), (5, 0.7)]
+
+
+def test_the_config_flattens_into_hyper_parameters():
+    from server.live_curves import flat_hparams
+
+    assert flat_hparams({"seed": 1, "strategy": {"name": "fedavg", "lr": 0.1, "mu": None, "keys": [1, 2]},
+                         "resume": False}) == {"seed": 1, "strategy.name": "fedavg", "strategy.lr": 0.1,
+                                               "strategy.mu": "null", "strategy.keys": "[1, 2]", "resume": False}
