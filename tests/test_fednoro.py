@@ -571,3 +571,330 @@ def test_the_augmented_detection_draws_from_the_nodes_own_detection_stream(prepa
 
     assert reply == scored("fednoro-detection")
     assert reply.losses != scored("train").losses
+
+
+# --- the strategy itself: schedule, roles, detection, DaAgg and its report, on a stand-in grid ---------------
+
+_NODES = {pid: 500 + pid for pid in range(6)}
+# Per client the 2-class detection reply: clients 3 and 4 have high losses; client 5 lacks class 1.
+_LOSSES = {0: (0.1, 0.2), 1: (0.2, 0.1), 2: (0.1, 0.1), 3: (0.9, 0.8), 4: (0.8, 0.9), 5: (0.2, 0.0)}
+
+
+class _ClassLossGrid:
+    """A stand-in grid: every ``query.class_loss`` is answered with the client's entry of ``losses``
+    (its mask marks the classes whose loss is not 0.0); the instructions are kept in ``queries``."""
+
+    def __init__(self, losses: dict[int, tuple[float, ...]]) -> None:
+        self.losses = losses
+        self.queries: list[tuple[int, ClassLossIns]] = []
+
+    def send_and_receive(self, messages, timeout=None):
+        from flwr.app import Message, Metadata
+
+        from protocol.messages import read_instruction, reply
+
+        answers = []
+        for message in messages:
+            node = message.metadata.dst_node_id
+            pid = {n: p for p, n in _NODES.items()}[node]
+            self.queries.append((pid, read_instruction(message.content, ClassLossIns)))
+            losses = self.losses[pid]
+            res = ClassLossRes(losses=losses, present=tuple(int(x > 0) for x in losses))
+            metadata = Metadata(run_id=1, message_id="", src_node_id=node, dst_node_id=0, reply_to_message_id="",
+                                group_id="", created_at=0.0, ttl=60.0, message_type=message.metadata.message_type)
+            answers.append(Message(content=reply(res), metadata=metadata))
+        return answers
+
+
+def _strategy(truth=None, parameter_names: tuple[str, ...] = ("w",), **changes):
+    """FedNoRo over the six clients of ``_NODES`` (10 samples each), 10 rounds, 2 warm-up rounds
+    unless ``changes`` say otherwise."""
+    from defaults import context, strategy_settings
+
+    from strategies.federation import Federation
+    from strategies.fednoro import FedNoRo
+
+    settings = strategy_settings("fednoro", **{"num_rounds": 10, "fraction": 0.5, "warmup": 2, **changes})
+    strategy = FedNoRo(settings, context(num_clients=6, truth=truth, parameter_names=parameter_names))
+    strategy.bind(Federation(node_of=dict(_NODES), num_examples=dict.fromkeys(_NODES, 10)))
+    return strategy
+
+
+def _truth(noisy: set[int]):
+    from strategies.ground_truth import GroundTruth
+
+    return GroundTruth(noisy_clients=frozenset(noisy), true_noise={p: 0.5 * (p in noisy) for p in _NODES},
+                       sizes=dict.fromkeys(_NODES, 10), known=dict.fromkeys(_NODES, 10))
+
+
+def _round(strategy, grid: _ClassLossGrid, server_round: int) -> None:
+    """The server's configure step of ``server_round`` (the strategy's round ``server_round - 1``)."""
+    from flwr.app import Array, ArrayRecord, ConfigRecord
+
+    strategy.stage_rounds = server_round - 1
+    strategy.configure_train(server_round, ArrayRecord({"w": Array(np.array([1.0, 2.0], np.float32))}),
+                             ConfigRecord(), grid)
+
+
+def test_the_report_before_any_detection_names_no_noisy_client_and_no_vote(flower_identity):
+    """Before the detection results.json's block says so: no round, no agreement, no query, every
+    client unscored and not flagged."""
+    block = _strategy().result_blocks()["fednoro"]
+    assert block["detected_after_round"] is None and block["vote_agreement"] is None
+    assert block["detections"] == [] and block["class_loss_queries"] == 0
+    assert block["clients"] == [{"client": pid, "loss_score": None, "detected_noisy": False} for pid in range(6)]
+
+
+def test_the_warm_up_defaults_to_a_tenth_of_the_rounds_and_detection_follows_it(flower_identity):
+    """With warmup null T1 = 30 // 10 = 3: the detection is due before the 4th round, not the 3rd."""
+    strategy = _strategy(num_rounds=30, warmup=None)
+    grid = _ClassLossGrid(_LOSSES)
+    _round(strategy, grid, 3)
+    assert grid.queries == [] and strategy.noisy is None
+    _round(strategy, grid, 4)
+    assert [pid for pid, _ in grid.queries] == list(range(6))
+
+
+def test_detection_asks_every_client_with_the_round_then_flags_the_high_loss_ones(flower_identity, capsys):
+    """After 2 warm-up rounds all six clients (not only the sampled half) are asked, with the round
+    the detection precedes; clients 3 and 4 have the high losses. Scores are the row sums of the
+    min-max normalised losses: class 0 spans 0.1..0.9, class 1 0.1..0.9 (client 5's missing class is
+    the column minimum 0.1): client 0 (0 + 1/8), 1 (1/8 + 0), 3 (1 + 7/8), 4 (7/8 + 1), 5 (1/8 + 0).
+    Truth {1, 3, 4}: precision 1, recall 2/3, F1 0.8, in the line a user reads."""
+    strategy = _strategy(truth=_truth({1, 3, 4}))
+    grid = _ClassLossGrid(_LOSSES)
+    _round(strategy, grid, 3)
+    assert [(pid, ins.server_round, ins.transform, ins.counts) for pid, ins in grid.queries] == [
+        (pid, 3, "eval", False) for pid in range(6)]
+    assert strategy.noisy == {3, 4} and strategy.stage == "distill"
+    assert capsys.readouterr().out == (
+        "[fednoro] detection after 2 warm-up rounds: 2 of 6 clients noisy (100% of 9 mixture fits agree); "
+        "precision 1.000, recall 0.667, F1 0.800\n")
+    block = strategy.result_blocks()["fednoro"]
+    assert block["detected_after_round"] == 2 and block["vote_agreement"] == 1.0
+    assert block["class_loss_queries"] == 6
+    assert block["detections"] == [{"after_round": 2, "noisy_clients": 2, "vote_agreement": 1.0,
+                                    "detection": pytest.approx({"precision": 1.0, "recall": 2 / 3, "f1": 0.8})}]
+    scores = [1 / 8, 1 / 8, 0.0, 15 / 8, 15 / 8, 1 / 8]
+    assert block["clients"] == [{"client": pid, "loss_score": pytest.approx(scores[pid]),
+                                 "detected_noisy": pid in (3, 4), "true_noise": 0.5 * (pid in (1, 3, 4))}
+                                for pid in range(6)]
+
+
+def test_each_detection_votes_with_seeds_from_its_own_named_stream_and_logs_the_agreement(
+        flower_identity, capsys, monkeypatch):
+    """The first detection's GMM seeds come from the run seed's stream ``fednoro-detection``, a
+    re-detection's from ``fednoro-detection/<round>`` (gmm_runs of them below 2**31), so a vote can
+    be repeated. The line shows the agreement as a percentage (7 of 9 fits: 78%) and says which
+    detection it is; without ground truth it has no precision."""
+    import strategies.fednoro as fednoro
+    from common.seeding import rng_for
+
+    seen: list[list[int]] = []
+
+    def vote(matrix, seeds):
+        seen.append(list(seeds))
+        return (3, 4), 7 / 9
+
+    monkeypatch.setattr(fednoro, "voted_noisy_rows", vote)
+    strategy = _strategy(redetect_every=2)
+    grid = _ClassLossGrid(_LOSSES)
+    for server_round in range(1, 8):
+        _round(strategy, grid, server_round)
+    assert sorted({ins.server_round for _, ins in grid.queries}) == [3, 5, 7]
+    expected = [[int(s) for s in rng_for(1, stream).integers(2**31, size=9)]
+                for stream in ("fednoro-detection", "fednoro-detection/4", "fednoro-detection/6")]
+    assert seen == expected and all(0 <= s < 2**31 for s in sum(seen, []))
+    assert capsys.readouterr().out.splitlines() == [
+        "[fednoro] detection after 2 warm-up rounds: 2 of 6 clients noisy (78% of 9 mixture fits agree)",
+        "[fednoro] detection after 4 rounds (re-detection): 2 of 6 clients noisy (78% of 9 mixture fits agree)",
+        "[fednoro] detection after 6 rounds (re-detection): 2 of 6 clients noisy (78% of 9 mixture fits agree)"]
+    assert strategy.result_blocks()["fednoro"]["detected_after_round"] == 2
+
+
+def test_the_detection_line_is_flushed_at_once(flower_identity, monkeypatch):
+    """The line is printed with flush=True: a run whose output goes to a file or pipe shows the
+    detection when it happens, not when the buffer fills."""
+    import strategies.fednoro as fednoro
+
+    printed: list[tuple[tuple, dict]] = []
+    monkeypatch.setattr(fednoro, "print", lambda *args, **kwargs: printed.append((args, kwargs)), raising=False)
+    _round(_strategy(), _ClassLossGrid(_LOSSES), 3)
+    assert len(printed) == 1 and printed[0][1] == {"flush": True}
+    assert printed[0][0][0].startswith("[fednoro] detection after 2 warm-up rounds: 2 of 6 clients noisy")
+
+
+def test_redetection_is_due_every_r_rounds_after_the_first_and_not_again_in_its_round(flower_identity):
+    """redetect_every=1: once S_n is found after round 2, detection is not due again at round 2, and is
+    due at round 3 (one round after)."""
+    strategy = _strategy(redetect_every=1)
+    strategy.stage_rounds = 2
+    assert strategy.detection_due()
+    strategy.noisy = frozenset({3})
+    assert not strategy.detection_due()
+    strategy.stage_rounds = 3
+    assert strategy.detection_due()
+
+
+def test_only_noisy_clients_are_told_to_distil_with_the_ramped_weight(flower_identity):
+    """After detection S_n = {1}: client 1 gets noisy=True and lambda_t at stage round 3 of the ramp
+    b = 2, e = 10 // 2 - 1 = 4: 0.8 exp(-5 (1 - 1/2)^2); a clean client gets noisy=False and 0."""
+    strategy = _strategy()
+    strategy.noisy, strategy.stage_rounds = frozenset({1}), 3
+    noisy, clean = strategy.plugin_ins(1), strategy.plugin_ins(0)
+    assert noisy.noisy and noisy.kd_weight == pytest.approx(0.8 * math.exp(-1.25))
+    assert (clean.noisy, clean.kd_weight) == (False, 0.0)
+    assert (clean.temperature, clean.la_tau, clean.absent_classes) == (0.8, 1.0, "neg_inf")
+
+
+def _replies(states: dict[int, dict[str, list[float]]]):
+    from flwr.app import Array, ArrayRecord
+
+    from protocol.messages import TrainStats
+    from strategies.base import TrainReply
+
+    return {pid: TrainReply(ArrayRecord({k: Array(np.array(v, np.float32)) for k, v in state.items()}),
+                            TrainStats(num_examples=10, train_loss=1.0, steps=1)) for pid, state in states.items()}
+
+
+# Client 0 is clean at 0; noisy client 1 is (3, 0), (4) off in the parameters w, b; noisy client 2 is
+# 1 off in b and 10 in the float buffer bn.
+_STATES = {0: {"w": [0.0, 0.0], "b": [0.0], "bn": [0.0]},
+           1: {"w": [3.0, 0.0], "b": [4.0], "bn": [0.0]},
+           2: {"w": [0.0, 0.0], "b": [1.0], "bn": [10.0]}}
+
+
+@pytest.mark.parametrize(("distance", "buffers", "d1", "d2"), [
+    ("per_tensor", False, 7.0, 1.0),              # 3 + 4; 1
+    ("global_l2", False, 5.0, 1.0),               # sqrt(9 + 16); 1
+    ("per_tensor", True, 7.0, 11.0),              # the buffer adds 10 to client 2
+    ("global_l2", True, 5.0, math.sqrt(101.0)),
+])
+def test_daagg_weighs_noisy_participants_by_the_configured_distance(flower_identity, distance, buffers, d1, d2):
+    """With S_n = {1, 2} and equal sizes the weights are (1, exp(-d1/m), exp(-d2/m)) / sum, m = max(d1,
+    d2); the distance is the per-tensor sum or the global norm, over the parameters (w, b) or with
+    the buffers too; the new global model is the weighted mean."""
+    strategy = _strategy(parameter_names=("w", "b"), distance=distance, distance_buffers=buffers)
+    strategy.noisy = frozenset({1, 2})
+    new = strategy.aggregate(_replies(_STATES)).to_numpy_ndarrays()
+    raw = np.array([1.0, math.exp(-d1 / max(d1, d2)), math.exp(-d2 / max(d1, d2))])
+    w = raw / raw.sum()
+    np.testing.assert_allclose(new[0], [3.0 * w[1], 0.0], rtol=1e-6)
+    np.testing.assert_allclose(new[1], [4.0 * w[1] + w[2]], rtol=1e-6)
+    np.testing.assert_allclose(new[2], [10.0 * w[2]], rtol=1e-6)
+
+
+def test_a_round_with_one_participant_after_detection_is_its_model(flower_identity):
+    """A lone participant (noisy or clean) is all clean or all noisy: FedAvg, its own model."""
+    strategy = _strategy()
+    strategy.noisy = frozenset({1})
+    for pid in (0, 1):
+        new = strategy.aggregate(_replies({pid: _STATES[1]})).to_numpy_ndarrays()
+        np.testing.assert_allclose(new[0], [3.0, 0.0])
+
+
+def test_a_bad_detection_reply_names_its_client_and_unequal_lengths_name_the_clients(flower_identity):
+    """The run stops with a one-line reason: a client's reply without its mask names that client; replies
+    of different widths name the clients' losses and the widths found."""
+    from strategies.base import ClientFailure
+
+    class _NoMask(_ClassLossGrid):
+        def send_and_receive(self, messages, timeout=None):
+            answers = super().send_and_receive(messages, timeout)
+            for answer in answers:
+                if answer.metadata.src_node_id == _NODES[2]:
+                    del answer.content["metrics"]["present"]
+            return answers
+
+    with pytest.raises(ClientFailure, match=r"^client 2 sent a bad message: key 'present' is missing$"):
+        _round(_strategy(), _NoMask(_LOSSES), 3)
+    with pytest.raises(ProtocolError, match=r"^the clients sent a bad message: key 'losses' have different "
+                                            r"lengths \[2, 3\]$"):
+        _round(_strategy(), _ClassLossGrid({**_LOSSES, 4: (0.8, 0.9, 0.3)}), 3)
+
+
+@pytest.mark.parametrize(("num_rounds", "warmup", "kd_ramp_end", "expected"), [
+    (5, None, "half", (1, 1)),        # T1 at least 1; e = 5 // 2 - 1
+    (10, None, "half", (1, 4)),
+    (25, None, "half", (2, 11)),      # whole rounds: 25 // 10, 25 // 2 - 1
+    (100, None, "half", (10, 49)),    # the released code's schedule
+    (100, None, "end", (10, 100)),    # FNBench's
+    (25, 7, "half", (7, 11)),
+])
+def test_the_warm_up_and_the_ramp_are_whole_rounds(num_rounds, warmup, kd_ramp_end, expected):
+    """T1 = max(1, R // 10) unless set; lambda's ramp ends at R // 2 - 1 (``half``) or R (``end``)."""
+    from defaults import strategy_settings
+
+    settings = strategy_settings("fednoro", warmup=warmup, kd_ramp_end=kd_ramp_end)
+    assert settings.ramp_of(num_rounds) == expected
+    assert all(type(value) is int for value in settings.ramp_of(num_rounds))
+
+
+def test_the_warm_up_is_checked_against_the_rounds_a_budget_pays_for():
+    """10 clients, half sampled: a budget of 15 participations pays for 3 rounds (not num_rounds' 10),
+    so a 3-round warm-up leaves none to detect in."""
+    from defaults import context, strategy_settings
+
+    settings = strategy_settings("fednoro", num_rounds=10, fraction=0.5, warmup=3)
+    settings.check_options(context(num_clients=10))  # 10 rounds, ramp end 4: fine
+    with pytest.raises(ConfigError, match=r"warmup=3 is invalid: allowed is fewer than the run's 3 rounds$"):
+        settings.check_options(context(num_clients=10, comm_budget=15))
+
+
+_TWO_TENSORS = [{"w": np.array([0.0, 0.0]), "b": np.array([0.0])}, {"w": np.array([3.0, 0.0]), "b": np.array([4.0])},
+                {"w": np.array([0.0, 0.0]), "b": np.array([1.0])}]
+
+
+def test_daagg_measures_per_tensor_by_default_and_scales_only_a_positive_largest_distance():
+    """By default (the released code's) d sums per-tensor norms: d = (0, 7, 1) -> D = (0, 1, 1/7). Distances
+    below 1 are still divided by the largest: b off by 0.5 and 0.25 -> D = (0, 1, 1/2). Noisy clients
+    that sit on a clean one (largest distance 0) keep their plain size weights."""
+    sizes, noisy, keys = [10.0, 10.0, 20.0], [False, True, True], ["w", "b"]
+    raw = np.array([10.0, 10.0 * math.exp(-1.0), 20.0 * math.exp(-1 / 7)])
+    np.testing.assert_allclose(daagg_weights(_TWO_TENSORS, sizes, noisy, keys), raw / raw.sum())
+    near = [{"b": np.array([0.0])}, {"b": np.array([0.5])}, {"b": np.array([0.25])}]
+    raw = np.array([10.0, 10.0 * math.exp(-1.0), 20.0 * math.exp(-0.5)])
+    np.testing.assert_allclose(daagg_weights(near, sizes, noisy, ["b"]), raw / raw.sum())
+    same = [{"b": np.array([0.5])}] * 3
+    np.testing.assert_allclose(daagg_weights(same, sizes, noisy, ["b"]), [0.25, 0.25, 0.5])
+
+
+def test_a_clean_client_weighs_by_its_size_even_when_its_model_diverged():
+    """D is 0 for a clean client by definition, not its distance to the clean ones: a clean client
+    whose weights are NaN (a diverged local run) leaves every weight a number. The noisy client's
+    nearest clean model is client 0's, at distance 2: D = 1."""
+    states = [{"w": np.array([0.0])}, {"w": np.array([math.nan])}, {"w": np.array([2.0])}]
+    weights = daagg_weights(states, [10.0, 10.0, 10.0], [False, False, True], ["w"])
+    raw = np.array([1.0, 1.0, math.exp(-1.0)])
+    np.testing.assert_allclose(weights, raw / raw.sum())
+
+
+@pytest.mark.parametrize("record, counts, message", [
+    ({"losses": [1.0, 2.0], "present": [1, 0], "counts": [3, 0]}, True, "key 'present' was not asked for"),
+    ({"losses": [1.0, math.nan], "present": [1, 1]}, False, "key 'losses' must be finite numbers"),
+    ({"losses": [1.0, math.inf], "counts": [3, 1]}, True, "key 'losses' must be finite numbers"),
+    ({"losses": [1.0, 2.0], "counts": [3, -1]}, True, "key 'counts' must be one count >= 0 per class loss"),
+    ({"losses": [1.0, 2.0]}, False, "key 'present' is missing"),
+    ({"present": [1, 1]}, False, "key 'losses' is missing"),
+])
+def test_a_bad_detection_reply_is_one_line_naming_its_client_and_key(record, counts, message):
+    """Each refusal names the client that sent the reply and the key at fault (the whole message)."""
+    from flwr.app import MetricRecord, RecordDict
+
+    from strategies.fednoro import read_class_losses
+
+    with pytest.raises(ProtocolError, match=f"^client 4 sent a bad message: {message}$"):
+        read_class_losses(RecordDict({"metrics": MetricRecord(record)}), "client 4", counts)
+
+
+@pytest.mark.skipif(np.finfo(np.longdouble).eps >= np.finfo(np.float64).eps, reason="long double is float64 here")
+def test_state_distance_is_float64_arithmetic_whatever_float_type_a_client_sends():
+    """Both states are rounded to float64 before the difference: arrays that differ only below float64's
+    resolution (in long double, on either side) are at distance 0, as their float64 copies are, so
+    DaAgg's weights do not depend on the float type a client's reply happens to use."""
+    tiny = np.longdouble(1) + np.longdouble(2) ** -60
+    a = {"x": np.array([tiny], np.longdouble), "y": np.array([1.0], np.longdouble)}
+    b = {"x": np.array([1.0], np.longdouble), "y": np.array([tiny], np.longdouble)}
+    assert a["x"][0] != b["x"][0], "long double holds the difference"
+    assert state_distance(a, b, ["x", "y"], per_tensor=True) == 0.0
+    assert state_distance(a, b, ["x", "y"], per_tensor=False) == 0.0
