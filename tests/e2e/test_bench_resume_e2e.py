@@ -59,10 +59,12 @@ def lineage(out_dir: Path) -> dict:
 
 
 def computed(payload: dict) -> dict:
-    """What a run computed: every round but its wall time, and every block but the config, the summary
-    and ``attempts`` (how the run got there: resumed, or its stages 1-2 taken over)."""
+    """What a run computed: every round but its wall time, and every block but the config, the summary,
+    ``attempts`` (how the run got there: resumed, or its stages 1-2 taken over) and ``provenance`` (when
+    and how each attempt started)."""
     rounds = [{key: row[key] for key in ROUND_KEYS} for row in payload["rounds"]]
-    blocks = {key: value for key, value in payload.items() if key not in ("config", "summary", "rounds", "attempts")}
+    bookkeeping = ("config", "summary", "rounds", "attempts", "provenance")
+    blocks = {key: value for key, value in payload.items() if key not in bookkeeping}
     summary = {key: value for key, value in payload["summary"].items() if key != "wall_s"}
     return {"rounds": rounds, "summary": summary, **blocks}
 
