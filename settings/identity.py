@@ -19,13 +19,12 @@ EXECUTION_KEYS = frozenset({"resume", "replace", "logging", "simulation.verbose"
 """Keys that change how a run executes, not what it computes: a resumed run may change them."""
 NOT_IDENTITY = EXECUTION_KEYS | frozenset({
     "out_dir", "ground_truth", "scene", "export", "simulation", "server.device", "client.device",
-    "server.checkpoint_every", "server.keep_checkpoints",
+    "server.checkpoint_every", "server.keep_checkpoints", "dataset.root", "dataset.download", "dataset.cache_dir",
 })
-"""Keys two runs may differ in and still be the same run: where it writes and checkpoints, what runs it
-(devices, Ray), what it logs, and whether the server may read the ground truth (which adds diagnostics
-to the results, not a different computation)."""
-SCENE_KEYS = frozenset({"dataset.name", "dataset.num_classes", "dataset.root", "dataset.download", "dataset.cache_dir",
-                        "partition", "noise", "num_clients", "seed"})
+"""Keys two runs may differ in and still be the same run: where it writes and checkpoints, where its
+data is read from, what runs it (devices, Ray), what it logs, and whether the server may read the
+ground truth (which adds diagnostics to the results, not a different computation)."""
+SCENE_KEYS = frozenset({"dataset.name", "dataset.num_classes", "partition", "noise", "num_clients", "seed"})
 """The keys the default out_dir spells out in its path (the scene); the digest covers the rest."""
 
 

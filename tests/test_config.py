@@ -41,11 +41,12 @@ def test_runs_of_one_scene_that_compute_different_things_get_folders_of_their_ow
 
 
 def test_how_a_run_executes_does_not_move_its_folder():
-    """Resuming, the ground truth sim.py adds, live curves, checkpoints and Ray's settings leave the run what
-    it is: the same folder, so resume=true and a re-run find it."""
+    """Resuming, the ground truth sim.py adds, live curves, checkpoints, Ray's settings and where the data
+    is read from leave the run what it is: the same folder, so resume=true and a re-run find it."""
     default = compose_config([]).out_dir
     for overrides in (["resume=true"], ["ground_truth=true"], ["logging.tensorboard=true"],
-                      ["server.checkpoint_every=3"], ["simulation.num_cpus_per_client=2"], ["client.device=cpu"]):
+                      ["server.checkpoint_every=3"], ["simulation.num_cpus_per_client=2"], ["client.device=cpu"],
+                      ["dataset.cache_dir=/tmp/elsewhere"]):
         assert compose_config(overrides).out_dir == default, overrides
 
 
