@@ -28,10 +28,11 @@ class DiscoveryError(RuntimeError):
 def wait_for_nodes(grid: Grid, expected: int, timeout: float, poll_s: float = 1.0,
                    probe: Callable[[list[int]], None] | None = None, settle_s: float = 3.0) -> list[int]:
     """Node ids once ``expected`` nodes are connected; DiscoveryError after ``timeout`` seconds.
-    ``probe``: called with the connected nodes when fewer than ``expected`` have stayed connected for
-    ``settle_s`` seconds (once per count), to refuse a federation that cannot grow (a simulation)."""
+    ``probe``: called once with the connected nodes when fewer than ``expected`` have stayed connected
+    for ``settle_s`` seconds, to refuse a federation that cannot grow (a simulation, whose nodes all
+    register at its start); once, as in a deployment each probe costs the waiting nodes an exchange."""
     deadline = time.monotonic() + timeout
-    count, since, probed = -1, time.monotonic(), -1
+    count, since, probed = -1, time.monotonic(), False
     while True:
         nodes = sorted(grid.get_node_ids())
         if len(nodes) >= expected:
@@ -39,9 +40,9 @@ def wait_for_nodes(grid: Grid, expected: int, timeout: float, poll_s: float = 1.
         now = time.monotonic()
         if len(nodes) != count:
             count, since = len(nodes), now
-        elif probe is not None and nodes and probed != count and now - since >= settle_s:
+        elif probe is not None and nodes and not probed and now - since >= settle_s:
             probe(nodes)
-            probed = count
+            probed = True
         if now >= deadline:
             raise DiscoveryError(
                 f"only {len(nodes)} of num_clients={expected} nodes connected within "
@@ -87,7 +88,8 @@ def discover(grid: Grid, expected: int, wait_timeout: float, reply_timeout: floa
     """Map every connected node to its partition id; the ids must be exactly 0..expected-1."""
 
     def probe(nodes: list[int]) -> None:
-        check_federation_size(node_infos(grid, nodes, reply_timeout)[0], expected)
+        # Bounded by the node wait: a deployed node slow to answer must not hold up the waiting.
+        check_federation_size(node_infos(grid, nodes, min(reply_timeout, wait_timeout))[0], expected)
 
     nodes = wait_for_nodes(grid, expected, wait_timeout, probe=probe)
     infos, problems = node_infos(grid, nodes, reply_timeout)
