@@ -20,6 +20,7 @@ import shlex
 import signal
 import sys
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
 from typing import NoReturn
@@ -163,10 +164,11 @@ def main(cfg: DictConfig) -> None:
     ``error:`` line and exits with status 2."""
     hydra_cfg = HydraConfig.get()
     handle_interrupts()
-    if hydra_cfg.mode == RunMode.MULTIRUN and SWEPT:
-        # Each job of a serial multirun names itself as it starts, as --jobs names its jobs.
-        swept = " ".join(word for word in hydra_cfg.overrides.task if word.partition("=")[0] in SWEPT_KEYS)
-        print(f"[job {hydra_cfg.job.num + 1}/{len(SWEPT)}] {swept}", flush=True)
+    if hydra_cfg.mode == RunMode.MULTIRUN and MULTIRUN.jobs:
+        # Each job of a serial multirun names itself as it starts, as --jobs names its jobs (by its own
+        # overrides, so the name holds whatever order the sweeper takes the jobs in).
+        swept = " ".join(word for word in hydra_cfg.overrides.task if _key(word) in MULTIRUN.swept)
+        print(f"[job {hydra_cfg.job.num + 1}/{MULTIRUN.jobs}] {swept}", flush=True)
     try:
         run(cfg, list(hydra_cfg.overrides.task))
     except ConfigError as err:
@@ -231,17 +233,33 @@ def sweep_folder(overrides: list[str]) -> Path:
     return Path(str(OmegaConf.load(CONF_DIR / "config.yaml").hydra.sweep.dir))
 
 
-SWEPT: list[list[str]] = []
-"""The overrides of each job of this command's multirun (set before Hydra runs them)."""
-SWEPT_KEYS: set[str] = set()
-"""The keys whose values differ between the jobs of the multirun: they name a job."""
+def _key(word: str) -> str:
+    return word.partition("=")[0]
+
+
+def swept_keys(words: list[list[str]]) -> set[str]:
+    """The keys whose values differ between the jobs ``words`` (each job's overrides): they name a job."""
+    shared = set.intersection(*(set(job) for job in words)) if words else set()
+    return {_key(word) for job in words for word in job if word not in shared}
 
 
 def job_names(words: list[list[str]]) -> list[str]:
     """Each job's name: its number and the overrides that differ between the jobs (the swept ones)."""
-    shared = set.intersection(*(set(job) for job in words)) if words else set()
-    return [f"{k + 1}/{len(words)} " + " ".join(word for word in job if word not in shared)
+    swept = swept_keys(words)
+    return [f"{k + 1}/{len(words)} " + " ".join(word for word in job if _key(word) in swept)
             for k, job in enumerate(words)]
+
+
+@dataclass
+class Multirun:
+    """The command's multirun as its jobs see it: how many there are and the keys that name them
+    (set before Hydra runs them; the jobs of a serial multirun run in this process)."""
+
+    jobs: int = 0
+    swept: set[str] = field(default_factory=set)
+
+
+MULTIRUN = Multirun()
 
 
 def run_concurrently(jobs: list[tuple[list[str], RunPlan]], argv: list[str], launcher: Launcher) -> int:
@@ -271,7 +289,7 @@ def run_concurrently(jobs: list[tuple[list[str], RunPlan]], argv: list[str], lau
         print(f"\nstopped: the jobs still running were stopped; the finished ones are listed in "
               f"{sweep / MULTIRUN_INDEX}. The same command with resume=true continues each stopped run from "
               "its last checkpoint", file=sys.stderr)
-        return 130
+        return INTERRUPTED
     where = f" on {launcher.cluster}" if launcher.cluster else ""
     print(f"\n{counted(len(ended), 'job')}, {launcher.jobs} at a time{where}; runs listed in {sweep / MULTIRUN_INDEX}")
     for finished in ended:
@@ -287,9 +305,7 @@ if __name__ == "__main__":
     try:
         launcher, argv = take_launch_flags(sys.argv[1:])
         jobs = planned_jobs(argv)
-        SWEPT[:] = [job_words for job_words, _ in jobs]
-        shared = set.intersection(*(set(job) for job in SWEPT)) if SWEPT else set()
-        SWEPT_KEYS.update(word.partition("=")[0] for job in SWEPT for word in job if word not in shared)
+        MULTIRUN.jobs, MULTIRUN.swept = len(jobs), swept_keys([job_words for job_words, _ in jobs])
         if launcher.concurrent:
             if signal.getsignal(signal.SIGINT) is not signal.SIG_IGN:
                 signal.signal(signal.SIGINT, signal.default_int_handler)  # run_concurrently stops its jobs

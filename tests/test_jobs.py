@@ -123,3 +123,12 @@ def test_client_resources_that_no_cluster_node_holds_are_refused():
                                           r"holds \(its largest node has 3 CPUs"):
         check_fit(two_small, settings)
     check_fit([*two_small, {"Resources": {"CPU": 4.0}}], settings)
+
+
+def test_the_swept_keys_are_those_whose_values_differ_between_the_jobs():
+    """What names each job of a serial multirun as it starts, whatever the order Hydra runs them in."""
+    words = [["experiment=smoke", "seed=1", "strategy=fedavg", "noise.rho=0.4"],
+             ["experiment=smoke", "seed=2", "strategy=fedavg", "noise.rho=0.4"],
+             ["experiment=smoke", "seed=1", "strategy=fedprox", "noise.rho=0.4"]]
+    assert sim.swept_keys(words) == {"seed", "strategy"}
+    assert sim.swept_keys([["seed=1"]]) == set() and sim.swept_keys([]) == set()

@@ -14,6 +14,9 @@ def test_a_multirun_writes_the_results_contract_and_the_same_seed_gives_the_same
     sweep = sim("-m", *smoke, "seed=3,6", f"out_dir={tmp_path}/s${{seed}}", f"hydra.sweep.dir={tmp_path}/sweep")
     assert sweep.returncode == 0, sweep.stderr[-3000:]
     assert sweep.stdout.count("[round   10/10] fedavg") == 2 and sweep.stdout.count("results:") == 2
+    # Each job names itself as it starts, by what its sweep changes.
+    assert [line for line in sweep.stdout.splitlines() if line.startswith("[job ")] == [
+        "[job 1/2] seed=3", "[job 2/2] seed=6"]
     out = tmp_path / "s3"
     payload = json.loads((out / "results.json").read_text())
     assert payload["complete"] is True
