@@ -35,7 +35,7 @@ folder does not read "fedcorr"."""
 def _value(value: Any) -> str:
     if isinstance(value, bool):
         return "on" if value else "off"
-    return str(value).replace("/", "-").replace("=", "-")
+    return str(value).replace("=", "-")
 
 
 def _tag(node: DictConfig, group: str) -> str:
