@@ -1,19 +1,28 @@
 """What Ctrl-C does to a run in this process: it stops within seconds, leaves no Ray process behind,
 and says in one line where the run stopped and how to continue it.
 
-The first SIGINT raises KeyboardInterrupt in the main thread as usual: Flower's runtime stops its
-workers and Ray, and the command prints ``stopped_line`` and leaves at once (``exit_now``), without
-waiting for the ServerApp thread, which would otherwise wait for replies that no longer come. Every
-results file is written whole or appended a line at a time (readers skip a line cut short), so a stop
-at any instant leaves them valid. A second SIGINT while the first is being handled says what is
-happening instead of interrupting the clean-up; a third leaves at once.
+The first SIGINT raises KeyboardInterrupt in the main thread as usual and mutes Flower's log (its
+workers would report every message cut short as an error). Flower's runtime stops its workers and
+Ray, and the command prints ``stopped_line`` and leaves at once (``exit_now``), without waiting for
+the ServerApp thread, which would otherwise wait for replies that no longer come. Every results file
+is written whole or appended a line at a time (readers skip a line cut short), so a stop at any
+instant leaves them valid. A second SIGINT while the first is being handled says what is happening
+instead of interrupting the clean-up; a third leaves at once.
+
+Python drops an exception raised where nothing can receive it (an at-fork callback while Ray starts
+its processes, a finaliser) and only prints it as "Exception ignored". A first Ctrl-C lost that way
+is delivered again, as a fresh SIGINT, 50 ms after it is dropped.
 """
 
 from __future__ import annotations
 
+import _thread
+import logging
 import os
 import signal
 import sys
+import threading
+import time
 from pathlib import Path
 from types import FrameType
 from typing import NoReturn
@@ -34,6 +43,9 @@ def exit_now(status: int) -> NoReturn:
 
 def _first(signum: int, frame: FrameType | None) -> None:
     signal.signal(signal.SIGINT, _second)
+    # Flower's worker threads report each message that Ray's shutdown cuts short as an error with a
+    # traceback; after a Ctrl-C those are expected, not news.
+    logging.getLogger("flwr").disabled = True
     raise KeyboardInterrupt
 
 
@@ -49,13 +61,40 @@ def _third(signum: int, frame: FrameType | None) -> None:
     exit_now(INTERRUPTED)
 
 
+_dropped = threading.Event()
+_DELIVERER = "deliver-dropped-ctrl-c"
+
+
+def _deliver_dropped() -> None:
+    """A daemon thread's loop: each time a first Ctrl-C is dropped, send SIGINT to the main thread again
+    a moment later, when it is back in ordinary code (raised from the hook itself, it would be dropped
+    with the hook's own errors)."""
+    while True:
+        _dropped.wait()
+        _dropped.clear()
+        time.sleep(0.05)
+        _thread.interrupt_main(signal.SIGINT)
+
+
+def _redeliver(unraisable: sys.UnraisableHookArgs) -> None:
+    """Deliver again a first Ctrl-C that Python dropped; report any other dropped exception as usual."""
+    if isinstance(unraisable.exc_value, KeyboardInterrupt) and signal.getsignal(signal.SIGINT) is _second:
+        signal.signal(signal.SIGINT, _first)
+        _dropped.set()
+        return
+    sys.__unraisablehook__(unraisable)
+
+
 def handle_interrupts() -> None:
     """From now on the first Ctrl-C raises KeyboardInterrupt, a second one says that the clean-up is
     under way (instead of a traceback from wherever it was) and a third ends the process at once. A
-    SIGINT that whoever started the process ignores (a script's background job) stays ignored. Main
-    thread only."""
+    SIGINT that whoever started the process ignores (a script's background job) stays ignored. A first
+    Ctrl-C that Python drops is sent again (see the module's docstring). Main thread only."""
     if signal.getsignal(signal.SIGINT) is not signal.SIG_IGN:
         signal.signal(signal.SIGINT, _first)
+        sys.unraisablehook = _redeliver
+        if not any(thread.name == _DELIVERER for thread in threading.enumerate()):
+            threading.Thread(target=_deliver_dropped, name=_DELIVERER, daemon=True).start()
 
 
 def stopped_line(out_dir: str | Path) -> str:

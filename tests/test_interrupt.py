@@ -4,7 +4,10 @@ what the same command with resume=true continues from (end to end: tests/e2e/tes
 from __future__ import annotations
 
 import json
+import logging
 import signal
+import sys
+import time
 
 import pytest
 
@@ -28,24 +31,58 @@ def test_a_run_stopped_before_its_first_checkpoint_starts_again(tmp_path):
                                       f"{tmp_path}; it has no checkpoint yet: the same command starts it again")
 
 
-def test_the_first_ctrl_c_interrupts_and_the_second_does_not(capsys):
+@pytest.fixture
+def interrupts():
+    """``handle_interrupts`` for one test; puts back the SIGINT handler, the unraisable hook and Flower's
+    log as they were."""
+    handler, hook, muted = signal.getsignal(signal.SIGINT), sys.unraisablehook, logging.getLogger("flwr").disabled
+    yield handle_interrupts
+    signal.signal(signal.SIGINT, handler)
+    sys.unraisablehook = hook
+    logging.getLogger("flwr").disabled = muted
+
+
+def test_the_first_ctrl_c_interrupts_and_mutes_flower_and_the_second_does_not(interrupts, capsys):
     """The second SIGINT arrives while the first one's clean-up runs: it must not raise into it."""
-    before = signal.getsignal(signal.SIGINT)
-    try:
-        handle_interrupts()
-        with pytest.raises(KeyboardInterrupt):
-            signal.raise_signal(signal.SIGINT)
-        signal.raise_signal(signal.SIGINT)  # no exception: the clean-up goes on
-        assert "stopping: Ray is shutting down" in capsys.readouterr().err
-    finally:
-        signal.signal(signal.SIGINT, before)
+    interrupts()
+    assert not logging.getLogger("flwr").disabled
+    with pytest.raises(KeyboardInterrupt):
+        signal.raise_signal(signal.SIGINT)
+    assert logging.getLogger("flwr").disabled
+    signal.raise_signal(signal.SIGINT)  # no exception: the clean-up goes on
+    assert "stopping: Ray is shutting down" in capsys.readouterr().err
 
 
-def test_an_ignored_sigint_stays_ignored():
+class _CtrlCInFinaliser:
+    """Ctrl-C pressed while a finaliser runs: Python cannot raise out of it and drops the exception, as
+    it does in the at-fork callbacks that run while Ray starts its processes."""
+
+    def __del__(self) -> None:
+        signal.raise_signal(signal.SIGINT)
+
+
+def test_a_first_ctrl_c_that_python_drops_is_delivered_again(interrupts, capsys):
+    interrupts()
+    with pytest.raises(KeyboardInterrupt):
+        _CtrlCInFinaliser()
+        for _ in range(100):  # the main thread runs on; the Ctrl-C must reach it all the same
+            time.sleep(0.01)
+    assert "Exception ignored" not in capsys.readouterr().err
+    signal.raise_signal(signal.SIGINT)  # now a second Ctrl-C: it does not raise
+
+
+def test_other_dropped_exceptions_are_still_reported(interrupts, capsys):
+    class Failing:
+        def __del__(self) -> None:
+            raise ValueError("lost in a finaliser")
+
+    interrupts()
+    Failing()
+    assert "lost in a finaliser" in capsys.readouterr().err
+
+
+def test_an_ignored_sigint_stays_ignored(interrupts):
     """A script's background job is started with SIGINT ignored; the run keeps it so."""
-    before = signal.signal(signal.SIGINT, signal.SIG_IGN)
-    try:
-        handle_interrupts()
-        assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
-    finally:
-        signal.signal(signal.SIGINT, before)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    interrupts()
+    assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN

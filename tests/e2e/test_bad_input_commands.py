@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from datetime import datetime
 from pathlib import Path
 
 import pytest
@@ -18,11 +19,16 @@ def _words(case: str, tmp: Path) -> list[str]:
     return [*SMOKE, *case.replace("{tmp}", str(tmp)).split()]
 
 
-def _ray_sessions_of(pid: int) -> list[str]:
-    """Ray sessions started by process ``pid``: Ray names each ``session_<date-time>_<pid of its starter>``
-    (so another Ray on the machine, say a concurrent test's, is not taken for this command's)."""
+def _ray_sessions_of(pid: int, since: datetime) -> list[str]:
+    """Ray sessions started by process ``pid`` at or after ``since``: Ray names each
+    ``session_<local date-time>_<pid of its starter>``. The pid keeps another Ray on the machine (say a
+    concurrent test's) from being taken for this command's; the time keeps a session left by an earlier
+    process that had the same pid (pids are reused) from being taken for it."""
     root = Path("/tmp/ray")
-    return sorted(p.name for p in root.glob(f"session_*_{pid}")) if root.exists() else []
+    found = root.glob(f"session_*_{pid}") if root.exists() else []
+    started = [p.name for p in found
+               if datetime.strptime("_".join(p.name.split("_")[1:4]), "%Y-%m-%d_%H-%M-%S_%f") >= since]
+    return sorted(started)
 
 
 @pytest.mark.parametrize(("script", "case", "starts"), [
@@ -37,13 +43,14 @@ def _ray_sessions_of(pid: int) -> list[str]:
 def test_the_commands_print_one_error_line_and_exit_2(script, case, starts, tmp_path):
     (tmp_path / "cwd").mkdir()
     (tmp_path / "blocker").write_text("a file where a folder should be")
+    since = datetime.now().replace(microsecond=0)
     command = subprocess.Popen([sys.executable, str(REPO / script), *_words(case, tmp_path / "blocker")],
                                cwd=tmp_path / "cwd", stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     _, stderr = command.communicate(timeout=120)
     assert command.returncode == 2, stderr[-2000:]
     lines = stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith(f"error: {starts}"), stderr[-2000:]
-    assert list((tmp_path / "cwd").iterdir()) == [] and _ray_sessions_of(command.pid) == []
+    assert list((tmp_path / "cwd").iterdir()) == [] and _ray_sessions_of(command.pid, since) == []
 
 
 def test_a_runtime_that_fails_to_start_ends_the_process_with_one_error_line(tmp_path):
