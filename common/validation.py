@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import functools
 import math
+import re
 import typing
 from collections.abc import Mapping
 from dataclasses import MISSING, Field, dataclass, field, fields, is_dataclass
@@ -204,6 +205,27 @@ class FolderPath(Declared):
     def admits(self, value: Any) -> bool:
         """A string that is not blank."""
         return isinstance(value, str) and bool(value.strip())
+
+    def refused(self) -> list[Any]:
+        """A blank string and a number."""
+        return [" ", 3]
+
+
+@dataclass(frozen=True)
+class Pattern(Declared):
+    """A string that matches ``regex`` whole; ``allowed`` says what that is in words."""
+
+    regex: str
+    description: str
+    or_none: bool = False
+
+    def allowed(self) -> str:
+        """``allowed is <description>``."""
+        return f"allowed is {self.description}"
+
+    def admits(self, value: Any) -> bool:
+        """A string the pattern matches whole."""
+        return isinstance(value, str) and re.fullmatch(self.regex, value) is not None
 
     def refused(self) -> list[Any]:
         """A blank string and a number."""

@@ -50,9 +50,10 @@ def strategy_context(settings: RunSettings, **known: Any) -> StrategyContext:
 
 def check_server_extras(settings: RunSettings) -> None:
     """What the server needs installed for the run's settings (a client node needs none of it)."""
-    if settings.logging.tensorboard and importlib.util.find_spec("tensorboard") is None:
-        raise InvalidValue("logging.tensorboard", True, 'true needs the tensorboard package: '
-                           '.venv/bin/python -m pip install -e ".[tensorboard]"')
+    for key, package, extra in (("tensorboard", "tensorboard", "tensorboard"), ("mlflow", "mlflow", "mlflow")):
+        if getattr(settings.logging, key) and importlib.util.find_spec(package) is None:
+            raise InvalidValue(f"logging.{key}", True, f'true needs the {package} package: '
+                               f'.venv/bin/python -m pip install -e ".[{extra}]"')
 
 
 BOOKKEEPING_KEYS = frozenset({"out_dir", "comm_budget", "server.checkpoint_every", "server.keep_checkpoints"})

@@ -1,33 +1,64 @@
-"""Live curves while a run goes: an optional TensorBoard writer (``logging.tensorboard=true``).
+"""Live curves while a run goes: what a run logs each round, to TensorBoard (``logging.tensorboard``),
+MLflow (``logging.mlflow``) or both.
 
-Writes to ``<out_dir>/tensorboard``:
-- the resolved config as hyper-parameters (TensorBoard's HParams tab compares runs by them) and as text;
+Logged:
+- the resolved config as hyper-parameters (each sink's way of comparing runs by them);
 - each round's test accuracy and loss (when evaluated), train loss, communication cost and stage (its
   index in the order the stages came), over rounds and, under ``by_comm_cost/``, over communication cost;
 - every method's detection of noisy clients (``<method>/detected/...``: F1, precision, recall with
-  ground truth, and how many clients it flags) whenever the flagged set changes, and every FedCorr iteration's figures
-  as soon as the iteration closes (x: the iteration).
+  ground truth, and how many clients it flags) whenever the flagged set changes, and every FedCorr
+  iteration's figures as soon as the iteration closes (x: the iteration).
 
-A fresh run replaces the folder's earlier events; a resumed run drops the events a killed attempt
-wrote after its checkpoint (TensorBoard's ``purge_step``), so no two event streams interleave.
-TensorBoard is an optional extra (``pip install -e ".[tensorboard]"``); ``server.config.load_run``
-refuses the setting without it.
+Each curve has an x-axis (``AXES``: round, communication cost or FedCorr iteration). A fresh run
+replaces what the folder's earlier run logged; a resumed run keeps, on every axis, what was logged up
+to its checkpoint and drops what a killed attempt logged after it (``ResumePoint``), so no two streams
+interleave. Each sink says how (``TensorBoardSink``, ``MlflowSink``).
 """
 
 from __future__ import annotations
 
 import json
-import shutil
-from collections.abc import Callable, Mapping
-from pathlib import Path
-from typing import Any
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
-TENSORBOARD_DIR = "tensorboard"
+if TYPE_CHECKING:
+    from settings.run import RunSettings
+
 HPARAM_TYPES = (bool, int, float, str)
+ITERATION_TAGS = {"fedcorr/noise_estimate_mae": "noise_estimate_mae", "fedcorr/label_noise": "label_noise",
+                  "fedcorr/flagged_clients": "detected_noisy_clients", "fedcorr/detection_f1": "detection"}
+"""FedCorr's per-iteration curves (x: the iteration) and the record key each is read from."""
+BY_COMM_COST = "by_comm_cost/"
+Axis = Literal["round", "comm_cost", "iteration"]
+AXES: tuple[Axis, ...] = ("round", "comm_cost", "iteration")
+
+
+def axis(tag: str) -> Axis:
+    """The x-axis of curve ``tag``: FedCorr's iteration curves, the ``by_comm_cost/`` ones, else rounds."""
+    if tag in ITERATION_TAGS:
+        return "iteration"
+    return "comm_cost" if tag.startswith(BY_COMM_COST) else "round"
+
+
+@dataclass(frozen=True)
+class ResumePoint:
+    """Where a resumed run's curves go on: on each axis, the first step the resumed attempt logs. What
+    a killed attempt logged at or after it is dropped; what comes before was logged up to the
+    checkpoint and is kept."""
+
+    round: int
+    comm_cost: int
+    iteration: int
+
+    def keeps(self, tag: str, step: int) -> bool:
+        """Whether a point of ``tag`` at ``step`` was logged before the checkpoint."""
+        first: int = getattr(self, axis(tag))
+        return step < first
 
 
 def flat_hparams(config: Mapping[str, Any], prefix: str = "") -> dict[str, bool | int | float | str]:
-    """The config's leaves by dotted key, as TensorBoard's HParams take them (None as "null", lists as JSON)."""
+    """The config's leaves by dotted key, as hyper-parameters (None as "null", lists as JSON)."""
     flat: dict[str, bool | int | float | str] = {}
     for key, value in config.items():
         name = f"{prefix}{key}"
@@ -40,36 +71,38 @@ def flat_hparams(config: Mapping[str, Any], prefix: str = "") -> dict[str, bool 
     return flat
 
 
-class LiveCurves:
-    """A TensorBoard event writer for one run.
+class CurveSink(Protocol):
+    """Where live curves go; each sink sets itself up for a fresh or a resumed run when it is made."""
 
-    out_dir: the run's folder; result_blocks: the strategy's ``result_blocks`` (its detection, FedCorr's
-    iterations); config: the resolved run config; first_round: the first round this attempt runs (1 for
-    a fresh run, the checkpoint's round + 1 for a resumed one).
+    def scalar(self, tag: str, value: float, step: int) -> None:
+        """Log ``value`` of curve ``tag`` at ``step``."""
+
+    def flush(self) -> None:
+        """Make what was logged so far visible to readers."""
+
+    def close(self, finished: bool) -> None:
+        """Flush and release the sink; ``finished``: whether the run completed."""
+
+
+class LiveCurves:
+    """What a run logs, to every sink.
+
+    result_blocks: the strategy's ``result_blocks`` (its detection, FedCorr's iterations); sinks: where
+    the curves go; iterations_done: FedCorr iterations closed before this attempt's first round (a
+    resumed run's sinks kept them).
     """
 
-    def __init__(self, out_dir: str, result_blocks: Callable[[], dict[str, Any]], config: Mapping[str, Any],
-                 first_round: int = 1) -> None:
-        from torch.utils.tensorboard import SummaryWriter  # imports tensorboard: only when asked for
-        from torch.utils.tensorboard.summary import hparams
-
-        self.dir = Path(out_dir) / TENSORBOARD_DIR
-        if first_round == 1:
-            shutil.rmtree(self.dir, ignore_errors=True)  # an earlier run's curves are not this run's
-        self.writer = SummaryWriter(log_dir=str(self.dir), purge_step=None if first_round == 1 else first_round)
-        print(f"[tensorboard] events in {self.dir}: tensorboard --logdir {self.dir}", flush=True)
+    def __init__(self, result_blocks: Callable[[], dict[str, Any]], sinks: Sequence[CurveSink],
+                 iterations_done: int = 0) -> None:
         self.result_blocks = result_blocks
+        self.sinks = list(sinks)
         self.stages: list[str] = []
-        self.iterations_written = 0
+        self.iterations_written = iterations_done
         self.detections: dict[str, tuple[int, ...]] = {}
-        if first_round == 1:
-            events = self.writer.file_writer  # made by SummaryWriter's constructor
-            assert events is not None
-            # The experiment, its session start and end (what add_hparams writes, here in the run's own
-            # folder rather than a new one); the metric is the run's own test/accuracy curve.
-            for summary in hparams(flat_hparams(config), {"test/accuracy": 0.0}):
-                events.add_summary(summary)
-            self.writer.add_text("config", f"```\n{json.dumps(config, indent=2)}\n```")
+
+    def _scalar(self, tag: str, value: float, step: int) -> None:
+        for sink in self.sinks:
+            sink.scalar(tag, value, step)
 
     def round(self, row: dict[str, Any]) -> None:
         """Log one round's row of results.json, the methods' detections that changed, then any FedCorr
@@ -77,19 +110,22 @@ class LiveCurves:
         step = int(row["round"])
         if row["stage"] not in self.stages:
             self.stages.append(row["stage"])
-        scalars = {"test/accuracy": row.get("test_acc"), "test/loss": row.get("test_loss"),
-                   "train/loss": row.get("train_loss"), "run/comm_cost": row.get("comm_cost"),
-                   "run/stage": self.stages.index(row["stage"])}
+        scalars: dict[str, float | None] = {"test/accuracy": row.get("test_acc"), "test/loss": row.get("test_loss"),
+                                            "train/loss": row.get("train_loss"),
+                                            "run/comm_cost": row.get("comm_cost"),
+                                            "run/stage": self.stages.index(row["stage"])}
         for tag, value in scalars.items():
             if value is not None:
-                self.writer.add_scalar(tag, value, step)
+                self._scalar(tag, value, step)
         for tag in ("test/accuracy", "test/loss"):
-            if scalars[tag] is not None and row.get("comm_cost") is not None:
-                self.writer.add_scalar(f"by_comm_cost/{tag}", scalars[tag], int(row["comm_cost"]))
+            value = scalars[tag]
+            if value is not None and row.get("comm_cost") is not None:
+                self._scalar(f"{BY_COMM_COST}{tag}", value, int(row["comm_cost"]))
         blocks = self.result_blocks()
         self._detections(blocks, step)
         self._new_iterations(blocks)
-        self.writer.flush()
+        for sink in self.sinks:
+            sink.flush()
 
     def _detections(self, blocks: dict[str, Any], step: int) -> None:
         """Each method's detection (a block with ``detected_noisy_clients``) whenever the set of flagged
@@ -107,25 +143,50 @@ class LiveCurves:
                       **{key: scores.get(key) for key in ("f1", "precision", "recall")}}
             for key, value in values.items():
                 if value is not None:
-                    self.writer.add_scalar(f"{name}/detected/{key}", value, step)
+                    self._scalar(f"{name}/detected/{key}", value, step)
 
     def _new_iterations(self, blocks: dict[str, Any]) -> None:
         """Log the FedCorr iterations that closed since the last call (x: the iteration)."""
-        iterations = (blocks.get("fedcorr") or {}).get("iterations") or []
-        for record in iterations[self.iterations_written:]:
-            for tag, key in (("fedcorr/noise_estimate_mae", "noise_estimate_mae"),
-                             ("fedcorr/label_noise", "label_noise"),
-                             ("fedcorr/flagged_clients", "detected_noisy_clients")):
+        for record in fedcorr_iterations(blocks)[self.iterations_written:]:
+            for tag, key in ITERATION_TAGS.items():
                 value = record.get(key)
-                value = len(value) if isinstance(value, list) else value
+                if isinstance(value, list):
+                    value = len(value)
+                elif isinstance(value, dict):
+                    value = value.get("f1")
                 if value is not None:
-                    self.writer.add_scalar(tag, value, record["iteration"])
-            f1 = (record.get("detection") or {}).get("f1")
-            if f1 is not None:
-                self.writer.add_scalar("fedcorr/detection_f1", f1, record["iteration"])
-        self.iterations_written = len(iterations)
+                    self._scalar(tag, value, record["iteration"])
+            self.iterations_written += 1
 
-    def close(self) -> None:
-        """Log what closed after the last round, then flush and close the event file."""
+    def close(self, finished: bool) -> None:
+        """Log what closed after the last round, then close every sink; ``finished``: whether the run
+        completed (else it failed or was interrupted)."""
         self._new_iterations(self.result_blocks())
-        self.writer.close()
+        for sink in self.sinks:
+            sink.close(finished)
+
+
+def fedcorr_iterations(blocks: dict[str, Any]) -> list[dict[str, Any]]:
+    """FedCorr's closed stage-1 iterations in a strategy's result blocks (none for other methods)."""
+    return list((blocks.get("fedcorr") or {}).get("iterations") or [])
+
+
+def open_live_curves(settings: RunSettings, result_blocks: Callable[[], dict[str, Any]],
+                     done: Sequence[Mapping[str, Any]]) -> LiveCurves | None:
+    """The run's live curves, with a sink per ``logging`` switch that is on (None if none is);
+    ``done``: the rows of the rounds finished before this attempt (none for a fresh run)."""
+    resume = None
+    if done:
+        iterations = len(fedcorr_iterations(result_blocks()))
+        resume = ResumePoint(int(done[-1]["round"]) + 1, int(done[-1]["comm_cost"]) + 1, iterations + 1)
+    sinks: list[CurveSink] = []
+    if settings.logging.tensorboard:
+        from server.tensorboard_sink import TensorBoardSink
+
+        sinks.append(TensorBoardSink(settings.out_dir, settings.resolved, resume))
+    if settings.logging.mlflow:
+        from server.mlflow_sink import MlflowSink
+
+        sinks.append(MlflowSink(settings.out_dir, settings.resolved, settings.logging.mlflow_uri,
+                                settings.logging.mlflow_experiment, resume))
+    return LiveCurves(result_blocks, sinks, resume.iteration - 1 if resume else 0) if sinks else None

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import shutil
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,7 +32,7 @@ from server.checkpoints import (
 from server.config import RunPlan
 from server.discovery import discover
 from server.evaluation import CentralEvaluator
-from server.live_curves import LiveCurves
+from server.live_curves import LiveCurves, open_live_curves
 from server.progress import Progress, header
 from server.provenance import provenance
 from server.results import ResultsWriter
@@ -95,23 +96,27 @@ class RoundReporter:
     the results and prints its progress line. Returns the evaluation for the strategy's Result."""
 
     def __init__(self, schedule: EvaluationSchedule, evaluator: CentralEvaluator, results: ResultsWriter,
-                 live: LiveCurves | None = None) -> None:
+                 planned_clients: Callable[[int], int], live: LiveCurves | None = None) -> None:
         self.schedule = schedule
         self.evaluator = evaluator
         self.results = results
-        self.progress = Progress(schedule.last)
+        self.progress = Progress(schedule, planned_clients)
         self.live = live
 
     def __call__(self, info: RoundInfo, arrays: ArrayRecord) -> MetricRecord | None:
         """Report a finished round; the global model's accuracy and loss when it was evaluated, else None."""
-        scores, confusion = self.evaluator(arrays) if self.schedule.due(info.round) else (None, None)
+        scores, confusion, eval_s = None, None, None
+        if self.schedule.due(info.round):
+            started = time.monotonic()
+            scores, confusion = self.evaluator(arrays)
+            eval_s = time.monotonic() - started
         row = self.results.add_round(
             server_round=info.round, stage=info.stage, clients=info.clients, comm_cost=info.comm_cost,
             test_acc=None if scores is None else scores.accuracy,
             test_loss=None if scores is None else scores.loss, train_loss=info.train_loss,
             test_confusion=confusion,
         )
-        self.progress.update(row)
+        self.progress.update(row, eval_s)
         if self.live is not None:
             self.live.round(row)
         return None if scores is None else MetricRecord({"accuracy": scores.accuracy, "loss": scores.loss})
@@ -228,18 +233,19 @@ def run_server(grid: Grid, plan: RunPlan, command: str | None = None, overrides:
         strategy.log.restore(checkpoint.log)
         restore_generators(strategy.rng, checkpoint.generators)
     store.write_record(RunRecord(settings.resolved, start.lineage))
-    live = (LiveCurves(settings.out_dir, strategy.result_blocks, settings.resolved, strategy.log.completed + 1)
-            if settings.logging.tensorboard else None)
+    live = open_live_curves(settings, strategy.result_blocks, results.rounds)
     strategy.observe(RoundReporter(EvaluationSchedule.of(settings, strategy), CentralEvaluator(settings, dataset),
-                                   results, live))
+                                   results, strategy.planned_clients, live))
     checkpointer = Checkpointer(settings, store, strategy, results, start.lineage)
     strategy.log.checkpoint = checkpointer
     strategy.log.scope = checkpointer.scope
+    finished = False
     try:
         strategy.start(grid, arrays, timeout=settings.server.round_timeout)
+        finished = True
     finally:
         if live is not None:
-            live.close()
+            live.close(finished)
     blocks = strategy.result_blocks()
     for name, block in blocks.items():
         results.write_table(f"{name}_clients.csv", block.get("clients", []))

@@ -16,7 +16,7 @@ from typing import Any
 from omegaconf import DictConfig
 
 from common.errors import ConfigError, InvalidValue
-from common.validation import Checked, Declared, Flag, Interval, Options, from_mapping, option
+from common.validation import Checked, Declared, Flag, Interval, Options, Pattern, from_mapping, option
 from data.scene import SEED, SceneSpec
 from data.transforms import TransformPair, TransformSpec
 from models import ModelSpec
@@ -48,6 +48,12 @@ class LoggingSettings(Checked):
     """What a run logs besides results.json (``logging`` in the config)."""
 
     tensorboard: bool = option(Flag(), "live curves in <out_dir>/tensorboard (the tensorboard extra)")
+    mlflow: bool = option(Flag(), "live curves in an MLflow run (the mlflow extra)")
+    mlflow_uri: str = option(Pattern(r"(sqlite:///|https?://|file:|databricks).+",
+                                     "an MLflow tracking URI: sqlite:///<file>, http(s)://<host>, file:<folder> "
+                                     "or databricks"), "the MLflow tracking store")
+    mlflow_experiment: str = option(Pattern(r".*\S.*", "a name that is not blank"),
+                                    "the MLflow experiment the run goes in")
 
 
 @dataclass(frozen=True)

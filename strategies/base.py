@@ -207,6 +207,11 @@ class FederatedStrategy(Strategy):
         """How many rounds the run will take (for progress and the final evaluation)."""
         raise NotImplementedError
 
+    def planned_clients(self, server_round: int) -> int:
+        """How many clients round ``server_round`` trains, as far as the strategy knows now (the
+        progress line's ETA weighs each round left by it)."""
+        raise NotImplementedError
+
     def result_blocks(self) -> dict[str, Any]:
         """The strategy's own blocks of results.json (e.g. FedCorr's detection metrics)."""
         return {}

@@ -111,6 +111,10 @@ class FedAvg(FederatedStrategy):
         """``num_rounds``."""
         return self.num_rounds
 
+    def planned_clients(self, server_round: int) -> int:
+        """``round_size``, in every round."""
+        return self.round_size()
+
     def round_size(self) -> int:
         """Clients per round: ``fraction`` of the federation, at least ``min_clients``."""
         return self.settings.round_size(len(self.federation.partition_ids))

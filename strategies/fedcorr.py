@@ -257,6 +257,17 @@ class FedCorr(FederatedStrategy):
         """Stages 1 and 2, then stage 3's rounds."""
         return self.stages12_rounds() + (self.stage3.planned_rounds() if self.stage3 is not None else 0)
 
+    def planned_clients(self, server_round: int) -> int:
+        """m1 in stage 1; in stage 2 frac2 N, at most the clean clients (all clients until stage 1 has
+        found them); stage 3's round size after."""
+        num_clients = len(self.federation.partition_ids)
+        _, stage1 = self.settings.stage1_rounds(num_clients)
+        if server_round <= stage1:
+            return self.settings.stage1_round_size(num_clients)
+        if server_round <= self.stages12_rounds():
+            return min(round_size(self.settings.frac2, num_clients), len(self.clean) or num_clients)
+        return self.stage3.planned_clients(server_round) if self.stage3 is not None else 0
+
     def result_blocks(self) -> dict[str, Any]:
         """Stage 3's blocks (if it runs) and FedCorr's detection and correction metrics."""
         blocks = self.stage3.result_blocks() if self.stage3 is not None else {}

@@ -1,8 +1,10 @@
-"""TensorBoard live curves (logging.tensorboard=true): what a run writes while it goes, read back."""
+"""TensorBoard live curves (logging.tensorboard=true): what a run writes while it goes, read back
+(MLflow's: test_mlflow_sink.py)."""
 
 from __future__ import annotations
 
 import importlib.util
+import time
 
 import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
@@ -10,16 +12,22 @@ from tensorboard.plugins.hparams import plugin_data_pb2
 
 from common.errors import ConfigError
 from server.config import load_run
-from server.live_curves import TENSORBOARD_DIR
+from server.live_curves import LiveCurves, ResumePoint, flat_hparams
+from server.tensorboard_sink import TENSORBOARD_DIR, TensorBoardSink
 from settings.compose import compose_config
 
 SMALL = "experiment=smoke strategy=fedcorr strategy.train.epochs=1 strategy.t1=2 strategy.t2=2 strategy.t3=2"
 
 
+def _events(folder, axis_dir: str = "") -> EventAccumulator:
+    events = EventAccumulator(str(folder / TENSORBOARD_DIR / axis_dir))
+    events.Reload()
+    return events
+
+
 def test_a_run_logs_its_rounds_and_fedcorrs_iterations(run_inprocess, tmp_path):
     payload, _ = run_inprocess(f"{SMALL} logging.tensorboard=true out_dir={tmp_path / 'run'}")
-    events = EventAccumulator(str(tmp_path / "run" / TENSORBOARD_DIR))
-    events.Reload()
+    events = _events(tmp_path / "run")
     accuracy = events.Scalars("test/accuracy")
     rounds = payload["rounds"]
     evaluated = [r for r in rounds if r["test_acc"] is not None]  # stage 1: each iteration's end
@@ -30,11 +38,14 @@ def test_a_run_logs_its_rounds_and_fedcorrs_iterations(run_inprocess, tmp_path):
     assert stages == expected
     assert [e.value for e in events.Scalars("run/comm_cost")] == [r["comm_cost"] for r in rounds]
     iterations = payload["fedcorr"]["iterations"]
-    f1 = events.Scalars("fedcorr/detection_f1")
+    by_iteration = _events(tmp_path / "run", "iterations")  # an axis of its own: a resume purges it at its own step
+    f1 = by_iteration.Scalars("fedcorr/detection_f1")
     assert [e.step for e in f1] == [it["iteration"] for it in iterations] == [1, 2]
     assert [e.value for e in f1] == pytest.approx([it["detection"]["f1"] for it in iterations])
-    assert [e.value for e in events.Scalars("fedcorr/label_noise")] == pytest.approx(
+    assert [e.value for e in by_iteration.Scalars("fedcorr/label_noise")] == pytest.approx(
         [it["label_noise"] for it in iterations])
+    assert [e.value for e in by_iteration.Scalars("fedcorr/flagged_clients")] == [
+        len(it["detected_noisy_clients"]) for it in iterations]
 
 
 def test_off_by_default_and_refused_without_the_package(tmp_path, monkeypatch):
@@ -46,12 +57,6 @@ def test_off_by_default_and_refused_without_the_package(tmp_path, monkeypatch):
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "tensorboard" else real(name, *a))
     with pytest.raises(ConfigError, match=r"logging.tensorboard=True is invalid: true needs the tensorboard package"):
         load_run(compose_config(["experiment=smoke", "logging.tensorboard=true"]))
-
-
-def _events(folder) -> EventAccumulator:
-    events = EventAccumulator(str(folder / TENSORBOARD_DIR))
-    events.Reload()
-    return events
 
 
 def test_every_methods_detection_the_config_and_the_cost_axis_are_logged(run_inprocess, tmp_path, capsys):
@@ -70,7 +75,7 @@ def test_every_methods_detection_the_config_and_the_cost_axis_are_logged(run_inp
     assert flagged[0].step == payload["fednoro"]["detections"][0]["after_round"] + 1
     assert [e.value for e in events.Scalars("fednoro/detected/f1")] == pytest.approx([detection["f1"]])
     evaluated = [r for r in payload["rounds"] if r["test_acc"] is not None]
-    by_cost = events.Scalars("by_comm_cost/test/accuracy")
+    by_cost = _events(out, "by_comm_cost").Scalars("by_comm_cost/test/accuracy")
     assert [e.step for e in by_cost] == [r["comm_cost"] for r in evaluated]
     assert [e.value for e in by_cost] == pytest.approx([r["test_acc"] for r in evaluated])
     text = events.Tensors("config/text_summary")[0].tensor_proto.string_val[0].decode()
@@ -82,29 +87,47 @@ def test_every_methods_detection_the_config_and_the_cost_axis_are_logged(run_inp
     assert [m.name.tag for m in experiment.metric_infos] == ["test/accuracy"]
 
 
-def test_a_rerun_replaces_the_curves_and_a_resume_drops_what_a_killed_attempt_wrote_after_its_checkpoint(tmp_path):
-    """Fresh: only this run's events. Resumed at round 3: the killed attempt's rounds 3 and 4 are purged,
-    so each step holds one value."""
-    from server.live_curves import LiveCurves
+def _write(folder, rounds: range, value: float, resume: ResumePoint | None, iterations: int = 0) -> None:
+    """Log ``rounds`` (comm cost 3 per round) and FedCorr iterations 1..``iterations`` as one attempt would."""
+    blocks = {"fedcorr": {"iterations": [{"iteration": i, "label_noise": value} for i in range(1, iterations + 1)]}}
+    live = LiveCurves(lambda: blocks, [TensorBoardSink(str(folder), {"seed": 1}, resume)],
+                      resume.iteration - 1 if resume else 0)
+    for r in rounds:
+        live.round({"round": r, "stage": "fedavg", "test_acc": value, "comm_cost": 3 * r})
+    live.close(True)
 
-    def write(rounds: range, value: float, first_round: int) -> None:
-        live = LiveCurves(str(tmp_path), dict, {"seed": 1}, first_round)
-        for r in rounds:
-            live.round({"round": r, "stage": "fedavg", "test_acc": value, "comm_cost": 3 * r})
-        live.close()
 
-    write(range(1, 5), 0.5, 1)
-    write(range(1, 3), 0.6, 1)  # a fresh run in the same folder
-    assert [(e.step, round(e.value, 6)) for e in _events(tmp_path).Scalars("test/accuracy")] == [(1, 0.6), (2, 0.6)]
-    write(range(1, 5), 0.5, 1)
-    write(range(3, 6), 0.7, 3)  # resumed from the checkpoint of round 2
-    assert [(e.step, round(e.value, 6)) for e in _events(tmp_path).Scalars("test/accuracy")] == [
-        (1, 0.5), (2, 0.5), (3, 0.7), (4, 0.7), (5, 0.7)]
+def _points(folder, tag: str, axis_dir: str = "") -> list[tuple[int, float]]:
+    return [(e.step, round(e.value, 6)) for e in _events(folder, axis_dir).Scalars(tag)]
+
+
+def test_a_rerun_replaces_the_curves_and_a_resume_drops_what_a_killed_attempt_wrote_after_its_checkpoint(
+        tmp_path, monkeypatch):
+    """Fresh: only this run's events. Resumed after round 2: the killed attempt's rounds 3 and 4 are
+    purged on every axis, each at its own step, so each step holds one value and nothing before the
+    checkpoint is lost (the cost axis's steps are far above the rounds')."""
+    # TensorBoard reads a folder's event files in the order of their names, which start with the second
+    # they were made in: a resumed attempt is a later process, here a later second.
+    real, seconds = time.time, [0]
+    monkeypatch.setattr(time, "time", lambda: real() + seconds[0])
+
+    def attempt(*args, **kwargs) -> None:
+        _write(*args, **kwargs)
+        seconds[0] += 10
+
+    attempt(tmp_path, range(1, 5), 0.5, None)
+    attempt(tmp_path, range(1, 3), 0.6, None)  # a fresh run in the same folder
+    assert _points(tmp_path, "test/accuracy") == [(1, 0.6), (2, 0.6)]
+    attempt(tmp_path, range(1, 5), 0.5, None, iterations=2)
+    attempt(tmp_path, range(3, 6), 0.7, ResumePoint(round=3, comm_cost=7, iteration=2), iterations=2)
+    assert _points(tmp_path, "test/accuracy") == [(1, 0.5), (2, 0.5), (3, 0.7), (4, 0.7), (5, 0.7)]
+    assert _points(tmp_path, "by_comm_cost/test/accuracy", "by_comm_cost") == [
+        (3, 0.5), (6, 0.5), (9, 0.7), (12, 0.7), (15, 0.7)]
+    # Iteration 1 closed before the checkpoint and is kept; iteration 2 closed after it and is logged again.
+    assert _points(tmp_path, "fedcorr/label_noise", "iterations") == [(1, 0.5), (2, 0.7)]
 
 
 def test_the_config_flattens_into_hyper_parameters():
-    from server.live_curves import flat_hparams
-
     assert flat_hparams({"seed": 1, "strategy": {"name": "fedavg", "lr": 0.1, "mu": None, "keys": [1, 2]},
                          "resume": False}) == {"seed": 1, "strategy.name": "fedavg", "strategy.lr": 0.1,
                                                "strategy.mu": "null", "strategy.keys": "[1, 2]", "resume": False}

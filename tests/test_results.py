@@ -4,7 +4,6 @@ import json
 import numpy as np
 import pytest
 
-from server.progress import Progress
 from server.results import ResultsWriter, read_payload, read_results, summarise
 
 
@@ -74,15 +73,6 @@ def test_each_attempt_adds_its_provenance_after_those_of_the_attempts_before(tmp
     from_old = ResultsWriter(tmp_path / "old", {"seed": 1}, old_state, provenance={"attempt": 2})
     assert from_old.finish()["provenance"] == [{"attempt": 2}]
     assert "provenance" not in ResultsWriter(tmp_path / "none", {"seed": 1}).finish()
-
-
-def test_progress_line_shows_round_stage_accuracy_and_eta():
-    line = Progress(10).line({"round": 2, "stage": "fedavg", "test_acc": 0.8125, "test_loss": 0.61,
-                              "clients": [1, 2, 3], "comm_cost": 6, "elapsed_s": 20.0})
-    assert "[round    2/10]" in line and "fedavg" in line and "0.8125" in line
-    # The count of the round's clients, named apart from rounds.csv's "clients" column (their ids).
-    assert "n_clients   3" in line and " clients " not in line
-    assert "elapsed 0:00:20" in line and "ETA 0:01:20" in line
 
 
 def test_the_latest_evaluation_confusion_is_kept_and_unevaluated_rounds_leave_it(tmp_path):
