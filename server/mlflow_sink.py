@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import logging
+import warnings
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -52,6 +53,8 @@ class MlflowSink:
                  resume: ResumePoint | None = None) -> None:
         for name in ("mlflow", "alembic"):  # the store's set-up messages are not the run's
             logging.getLogger(name).setLevel(logging.WARNING)
+        # SQLAlchemy's notice about a loader MLflow's SQL store uses: MLflow's to act on, not the user's.
+        warnings.filterwarnings("ignore", message="The ``noload`` loader strategy", category=DeprecationWarning)
         self.uri = store_uri(uri)
         if self.uri.startswith(SQLITE):
             Path(self.uri[len(SQLITE):]).parent.mkdir(parents=True, exist_ok=True)

@@ -109,14 +109,13 @@ class Progress:
             cost.updates += len(row["clients"])
         self.elapsed = row["elapsed_s"]
 
-    def eta(self, row: dict[str, Any]) -> float:
-        """Seconds the rounds after ``row``'s will take; before any round was measured, the mean of the
-        rounds so far."""
+    def eta(self, row: dict[str, Any]) -> float | None:
+        """Seconds the rounds after ``row``'s will take; None before any round was measured."""
         done = row["round"]
         seconds = sum(cost.seconds for cost in self.training.values())
         updates = sum(cost.updates for cost in self.training.values())
         if not updates:
-            return row["elapsed_s"] / done * (self.total - done) if done else 0.0
+            return None
         evaluation = sum(self.evaluations) / len(self.evaluations) if self.evaluations else 0.0
         left = 0.0
         for server_round in range(done + 1, self.total + 1):
@@ -131,9 +130,10 @@ class Progress:
         """The progress line of a results row: round, stage, test scores, clients, cost, elapsed time and ETA."""
         acc = "  -   " if row["test_acc"] is None else f"{row['test_acc']:.4f}"
         loss = "  -   " if row["test_loss"] is None else f"{row['test_loss']:.4f}"
+        eta = self.eta(row)
         return (f"[round {row['round']:>4}/{self.total}] {row['stage']:<9} test_acc {acc}  test_loss {loss}  "
                 f"n_clients {len(row['clients']):>3}  comm {row['comm_cost']:>6}  "
-                f"elapsed {_clock(row['elapsed_s'])}  ETA {_clock(self.eta(row))}")
+                f"elapsed {_clock(row['elapsed_s'])}  ETA {'-' if eta is None else _clock(eta)}")
 
     def update(self, row: dict[str, Any], eval_s: float | None = None) -> None:
         """Measure a finished round (its evaluation took ``eval_s``, None if none) and print its line."""

@@ -26,11 +26,12 @@ def two_stages() -> Progress:
     return Progress(schedule, lambda r: 1 if r <= 4 else 10, stream=io.StringIO())
 
 
-def test_the_first_round_falls_back_to_the_mean_of_the_rounds_so_far():
+def test_no_eta_before_a_round_was_measured():
     progress = two_stages()
     first = row(1, 5.0, 1)  # 5 s, Ray's start included: not a round's cost
-    progress.measure(first, None)
-    assert progress.eta(first) == pytest.approx(5.0 * 9)
+    progress.update(first, None)
+    assert progress.eta(first) is None
+    assert progress.stream.getvalue().rstrip().endswith("elapsed 0:00:05  ETA -")
 
 
 def test_a_stage_not_started_is_costed_by_its_planned_clients_and_a_started_one_by_its_own_rate():
