@@ -53,7 +53,7 @@ from launch.jobs import Finished, Job, Launcher  # noqa: E402
 from reports.runs import MULTIRUN_INDEX  # noqa: E402  (a multirun lists its jobs' out_dirs for report.py)
 from server.config import RunPlan, load_run  # noqa: E402
 from server.interrupt import INTERRUPTED, exit_now, handle_interrupts, stopped_line  # noqa: E402
-from settings.command_line import checked_jobs, split_command_line  # noqa: E402
+from settings.command_line import checked_jobs, for_hydra, split_command_line  # noqa: E402
 from settings.compose import COMMAND_KEY, CONF_DIR, RUN_CONFIG_KEY, WORKDIR_KEY  # noqa: E402  (also registers the default out_dir's resolvers)
 from settings.run import check_ray_address  # noqa: E402
 
@@ -313,5 +313,5 @@ if __name__ == "__main__":
     except ConfigError as err:
         print(f"error: {err}", file=sys.stderr)
         sys.exit(2)
-    sys.argv = [sys.argv[0], *argv]
+    sys.argv = [sys.argv[0], *for_hydra(argv)]
     main()

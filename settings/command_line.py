@@ -4,7 +4,7 @@ override and what is allowed, where Hydra would print a 13-16-line block and exi
 add a key nobody reads (``+num_client=5``).
 
 ``sim.py``, ``scene.py`` and ``export.py`` call ``checked_jobs`` first; ``sim.py`` then hands the
-same command line to Hydra, which can no longer fail on it.
+command line to Hydra (``for_hydra``), which can no longer fail on it.
 """
 
 from __future__ import annotations
@@ -156,6 +156,27 @@ def checked_jobs(command: CommandLine) -> list[tuple[list[str], DictConfig]]:
         _check_added_keys([_parse(word) for word in words], words)
         jobs.append((words, compose_job(words)))
     return jobs
+
+
+def for_hydra(argv: Sequence[str]) -> list[str]:
+    """``argv`` as Hydra's multirun takes it. Hydra composes a multirun's config once before its jobs,
+    with each swept config group at its default and the sweeps left out: a setting that only the swept
+    choices have (``-m strategy=fedavg,fedprox strategy.num_rounds=5``: FedCorr, the default, has no
+    num_rounds) fails there although every job has it. Such an override becomes ``++key=value``, which
+    sets the key in every job as the plain one does (``checked_jobs`` checked each job with the plain
+    one). Any other command line is returned as it is."""
+    command = split_command_line(argv)
+    if not command.multirun:
+        return list(argv)
+    parsed = {word: _parse(word) for word in command.overrides}
+    swept = {override.get_key_element() for override in parsed.values() if override.is_sweep_override()}
+
+    def under_a_sweep(word: str) -> bool:
+        override = parsed[word]
+        return (override.type == OverrideType.CHANGE and not override.is_sweep_override()
+                and any(override.key_or_group.startswith(f"{key}.") for key in swept))
+
+    return [f"++{word}" if not word.startswith("-") and under_a_sweep(word) else word for word in argv]
 
 
 def one_job(argv: Sequence[str]) -> DictConfig:

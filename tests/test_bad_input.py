@@ -232,3 +232,24 @@ def test_a_folder_holding_another_runs_results_is_refused_and_the_same_run_may_r
     sim.preflight([*SMOKE, "strategy=fedavg", "strategy.train.learner=sce", "replace=true", f"out_dir={out}"])
     results.write_text("{not json")  # a results file no run can be read from is not another run's
     sim.preflight([*SMOKE, "strategy=fedavg", "strategy.train.learner=sce", f"out_dir={out}"])
+
+
+def test_a_setting_only_the_swept_choices_have_reaches_hydras_multirun_forced():
+    """Hydra composes a multirun once with each swept group at its default (FedCorr has no num_rounds),
+    so ``-m strategy=fedavg,fedprox strategy.num_rounds=1`` would fail there after passing every job's
+    check; the override goes to Hydra as ``++``, which that composition takes and every job sets alike."""
+    from settings.command_line import for_hydra
+    from settings.compose import compose_config
+
+    argv = ["-m", "strategy=fedavg,fedprox", "strategy.num_rounds=1", "seed=1,2", "experiment=smoke", "noise.rho=0.2"]
+    assert [plan.settings.resolved["strategy"]["num_rounds"] for plan in sim.preflight(argv)] == [1, 1, 1, 1]
+    assert for_hydra(argv) == ["-m", "strategy=fedavg,fedprox", "++strategy.num_rounds=1", "seed=1,2",
+                               "experiment=smoke", "noise.rho=0.2"]
+    with pytest.raises(ConfigError, match="strategy.num_rounds"):
+        compose_config(["experiment=smoke", "strategy.num_rounds=1"])  # Hydra's composition before the jobs
+    assert compose_config(["experiment=smoke", "++strategy.num_rounds=1"])["strategy"]["num_rounds"] == 1
+    for job in (["strategy=fedavg"], ["strategy=fedprox"]):  # and each job gets what the plain override gave
+        assert (compose_config([*job, "experiment=smoke", "++strategy.num_rounds=1"])
+                == compose_config([*job, "experiment=smoke", "strategy.num_rounds=1"]))
+    plain = ["strategy=fedavg", "strategy.num_rounds=1", "experiment=smoke"]
+    assert for_hydra(plain) == plain, "one run: Hydra composes just that job"
