@@ -9,7 +9,7 @@ Logged:
   ground truth, and how many clients it flags) whenever the flagged set changes, and every FedCorr
   iteration's figures as soon as the iteration closes (x: the iteration).
 
-Each curve has an x-axis (``AXES``: round, communication cost or FedCorr iteration). A fresh run
+Each curve has an x-axis (``Axis``: round, communication cost or FedCorr iteration). A fresh run
 replaces what the folder's earlier run logged; a resumed run keeps, on every axis, what was logged up
 to its checkpoint and drops what a killed attempt logged after it (``ResumePoint``), so no two streams
 interleave. Each sink says how (``TensorBoardSink``, ``MlflowSink``).
@@ -31,7 +31,6 @@ ITERATION_TAGS = {"fedcorr/noise_estimate_mae": "noise_estimate_mae", "fedcorr/l
 """FedCorr's per-iteration curves (x: the iteration) and the record key each is read from."""
 BY_COMM_COST = "by_comm_cost/"
 Axis = Literal["round", "comm_cost", "iteration"]
-AXES: tuple[Axis, ...] = ("round", "comm_cost", "iteration")
 
 
 def axis(tag: str) -> Axis:
@@ -89,14 +88,15 @@ class LiveCurves:
 
     result_blocks: the strategy's ``result_blocks`` (its detection, FedCorr's iterations); sinks: where
     the curves go; iterations_done: FedCorr iterations closed before this attempt's first round (a
-    resumed run's sinks kept them).
+    resumed run's sinks kept them); stages_done: the stages of the rounds before it, in order (so a
+    resumed run numbers its stage as the killed attempt did).
     """
 
     def __init__(self, result_blocks: Callable[[], dict[str, Any]], sinks: Sequence[CurveSink],
-                 iterations_done: int = 0) -> None:
+                 iterations_done: int = 0, stages_done: Sequence[str] = ()) -> None:
         self.result_blocks = result_blocks
         self.sinks = list(sinks)
-        self.stages: list[str] = []
+        self.stages: list[str] = list(dict.fromkeys(stages_done))
         self.iterations_written = iterations_done
         self.detections: dict[str, tuple[int, ...]] = {}
 
@@ -189,4 +189,6 @@ def open_live_curves(settings: RunSettings, result_blocks: Callable[[], dict[str
 
         sinks.append(MlflowSink(settings.out_dir, settings.resolved, settings.logging.mlflow_uri,
                                 settings.logging.mlflow_experiment, resume))
-    return LiveCurves(result_blocks, sinks, resume.iteration - 1 if resume else 0) if sinks else None
+    if not sinks:
+        return None
+    return LiveCurves(result_blocks, sinks, resume.iteration - 1 if resume else 0, [row["stage"] for row in done])

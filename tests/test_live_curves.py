@@ -87,13 +87,18 @@ def test_every_methods_detection_the_config_and_the_cost_axis_are_logged(run_inp
     assert [m.name.tag for m in experiment.metric_infos] == ["test/accuracy"]
 
 
+def _stage(server_round: int) -> str:
+    return "warmup" if server_round <= 2 else "main"
+
+
 def _write(folder, rounds: range, value: float, resume: ResumePoint | None, iterations: int = 0) -> None:
-    """Log ``rounds`` (comm cost 3 per round) and FedCorr iterations 1..``iterations`` as one attempt would."""
+    """Log ``rounds`` (comm cost 3 per round; stage warmup up to round 2, then main) and FedCorr iterations
+    1..``iterations`` as one attempt would."""
     blocks = {"fedcorr": {"iterations": [{"iteration": i, "label_noise": value} for i in range(1, iterations + 1)]}}
     live = LiveCurves(lambda: blocks, [TensorBoardSink(str(folder), {"seed": 1}, resume)],
-                      resume.iteration - 1 if resume else 0)
+                      resume.iteration - 1 if resume else 0, [_stage(r) for r in range(1, rounds.start)])
     for r in rounds:
-        live.round({"round": r, "stage": "fedavg", "test_acc": value, "comm_cost": 3 * r})
+        live.round({"round": r, "stage": _stage(r), "test_acc": value, "comm_cost": 3 * r})
     live.close(True)
 
 
@@ -125,6 +130,8 @@ def test_a_rerun_replaces_the_curves_and_a_resume_drops_what_a_killed_attempt_wr
         (3, 0.5), (6, 0.5), (9, 0.7), (12, 0.7), (15, 0.7)]
     # Iteration 1 closed before the checkpoint and is kept; iteration 2 closed after it and is logged again.
     assert _points(tmp_path, "fedcorr/label_noise", "iterations") == [(1, 0.5), (2, 0.7)]
+    # The resumed attempt numbers its stage as the killed one did: main is the second stage.
+    assert _points(tmp_path, "run/stage") == [(1, 0), (2, 0), (3, 1), (4, 1), (5, 1)]
 
 
 def test_the_config_flattens_into_hyper_parameters():
