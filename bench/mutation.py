@@ -67,7 +67,7 @@ TESTS: dict[str, tuple[str, ...]] = {
     "client/plugins/base.py": ("tests/test_registry.py", "tests/test_client_app.py"),
     "client/plugins/registry.py": ("tests/test_registry.py", "tests/test_client_app.py"),
     "client/plugins/fedcorr.py": ("tests/test_fedcorr_client.py",),
-    "client/plugins/feddiv.py": ("tests/test_feddiv.py",),
+    "client/plugins/feddiv.py": ("tests/test_feddiv.py", "tests/test_feddiv_filter.py"),
     "client/plugins/feddyn.py": ("tests/test_baselines.py", "tests/test_training.py", "tests/test_feddyn_plugin.py"),
     "client/plugins/fedes.py": ("tests/test_fedes.py",),
     "client/plugins/fednoro.py": ("tests/test_fednoro.py",),

@@ -140,13 +140,19 @@ class Selection:
     sampler: bool
 
 
+def noise_share(clean: np.ndarray) -> float:
+    """delta_hat: the share of the client's samples the filter flags noisy, computed from the noisy ones
+    (1 - the clean share would put 1 noisy sample in 10 at 0.09999999999999998, below a 0.1 bar)."""
+    return float((~clean).mean())
+
+
 def select(params: FedDivClientSettings, labels: np.ndarray, clean: np.ndarray, probabilities: np.ndarray,
            participations: int) -> Selection:
     """Eq. 11's candidates: all samples for a clean client (delta_hat below ``clean_client``); else
     the clean ones plus the noisy ones the global model is confident about (>= zeta), relabelled with
     its prediction. Under ``pcs_code_rules`` a noisy client trains on its clean samples only until its
     5th main-phase participation, and keeps no relabelled ones while delta_hat <= 0.2."""
-    noise_estimate = 1.0 - float(clean.mean())
+    noise_estimate = noise_share(clean)
     relabeled = np.zeros(len(labels), dtype=bool)
     train_labels = labels.copy()
     if noise_estimate < params.clean_client:
@@ -254,7 +260,7 @@ class FedDivPlugin(ClientPlugin):
         if may_send_truth(node, context, feddiv.diagnostics):
             counts = diagnostics(node.data.true_labels, labels, clean, chosen.relabeled, chosen.train_labels,
                                  sampler.trained, node.dataset.num_classes)
-        report = FedDivRes(filter=local_filter, noise_estimate=float(1.0 - clean.mean()),
+        report = FedDivRes(filter=local_filter, noise_estimate=noise_share(clean),
                            relabeled=int(chosen.relabeled.sum()), trained=int(len(sampler.trained)),
                            diagnostics=counts)
         return Trained(model, stats, report)
