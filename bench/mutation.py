@@ -44,7 +44,7 @@ TESTS: dict[str, tuple[str, ...]] = {
                              "tests/test_progress.py"),
     "strategies/fedcorr.py": (*_FEDCORR_STRATEGY, "tests/test_declared_constraints.py", "tests/test_progress.py"),
     "strategies/fedcorr_metrics.py": _FEDCORR_STRATEGY,
-    "strategies/feddiv.py": ("tests/test_feddiv.py", "tests/test_feddiv_monitor.py"),
+    "strategies/feddiv.py": ("tests/test_feddiv.py", "tests/test_feddiv_monitor.py", "tests/test_feddiv_strategy.py"),
     "strategies/feddyn.py": ("tests/test_baselines.py",),
     "strategies/federation.py": _STRATEGY_CORE,
     "strategies/fedes.py": ("tests/test_fedes.py",),
