@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -54,6 +55,10 @@ def check_server_extras(settings: RunSettings) -> None:
         if getattr(settings.logging, key) and importlib.util.find_spec(package) is None:
             raise InvalidValue(f"logging.{key}", True, f'true needs the {package} package: '
                                f'.venv/bin/python -m pip install -e ".[{extra}]"')
+    uri = settings.logging.mlflow_uri
+    if settings.logging.mlflow and uri.startswith("file:") and os.environ.get("MLFLOW_ALLOW_FILE_STORE") != "true":
+        raise InvalidValue("logging.mlflow_uri", uri, "allowed is an sqlite:/// or http(s):// store (MLflow "
+                           "refuses its old file store unless MLFLOW_ALLOW_FILE_STORE=true)")
 
 
 BOOKKEEPING_KEYS = frozenset({"out_dir", "comm_budget", "server.checkpoint_every", "server.keep_checkpoints"})

@@ -96,6 +96,14 @@ def test_off_by_default_bad_stores_refused_and_refused_without_the_package(tmp_p
     with pytest.raises(ConfigError, match="logging.mlflow_uri='outputs/mlflow.db' is invalid: allowed is an MLflow "
                                           "tracking URI: sqlite:///<file>"):
         load_run(compose_config(["experiment=smoke", "logging.mlflow_uri=outputs/mlflow.db"]))
+    monkeypatch.delenv("MLFLOW_ALLOW_FILE_STORE", raising=False)
+    with pytest.raises(ConfigError, match=r"logging.mlflow_uri='file:mlruns' is invalid: allowed is an sqlite:/// or "
+                                          r"http\(s\):// store \(MLflow refuses its old file store unless "
+                                          r"MLFLOW_ALLOW_FILE_STORE=true\)"):
+        load_run(compose_config(["experiment=smoke", "logging.mlflow=true", "logging.mlflow_uri=file:mlruns"]))
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")
+    assert load_run(compose_config(["experiment=smoke", "logging.mlflow=true",
+                                    "logging.mlflow_uri=file:mlruns"])).settings.logging.mlflow_uri == "file:mlruns"
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "mlflow" else real(name, *a))
     with pytest.raises(ConfigError, match=r"logging.mlflow=True is invalid: true needs the mlflow package"):
