@@ -51,10 +51,10 @@ def strategy_context(settings: RunSettings, **known: Any) -> StrategyContext:
 
 def check_server_extras(settings: RunSettings) -> None:
     """What the server needs installed for the run's settings (a client node needs none of it)."""
-    for key, package, extra in (("tensorboard", "tensorboard", "tensorboard"), ("mlflow", "mlflow", "mlflow")):
-        if getattr(settings.logging, key) and importlib.util.find_spec(package) is None:
-            raise InvalidValue(f"logging.{key}", True, f'true needs the {package} package: '
-                               f'.venv/bin/python -m pip install -e ".[{extra}]"')
+    for name in ("tensorboard", "mlflow"):  # each switch, its package and the extra that installs it share a name
+        if getattr(settings.logging, name) and importlib.util.find_spec(name) is None:
+            raise InvalidValue(f"logging.{name}", True, f'true needs the {name} package: '
+                               f'.venv/bin/python -m pip install -e ".[{name}]"')
     uri = settings.logging.mlflow_uri
     if settings.logging.mlflow and uri.startswith("file:") and os.environ.get("MLFLOW_ALLOW_FILE_STORE") != "true":
         raise InvalidValue("logging.mlflow_uri", uri, "allowed is an sqlite:/// or http(s):// store (MLflow "
