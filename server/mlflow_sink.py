@@ -56,8 +56,10 @@ class MlflowSink:
         # SQLAlchemy's notice about a loader MLflow's SQL store uses: MLflow's to act on, not the user's.
         warnings.filterwarnings("ignore", message="The ``noload`` loader strategy", category=DeprecationWarning)
         self.uri = store_uri(uri)
-        if self.uri.startswith(SQLITE):
-            Path(self.uri[len(SQLITE):]).parent.mkdir(parents=True, exist_ok=True)
+        # The folder of an SQLite store's file: made if missing, and where its artifacts go.
+        self.store_dir = Path(self.uri[len(SQLITE):]).parent if self.uri.startswith(SQLITE) else None
+        if self.store_dir is not None:
+            self.store_dir.mkdir(parents=True, exist_ok=True)
         self.client = MlflowClient(tracking_uri=self.uri)
         self.record = Path(out_dir) / RUN_RECORD
         earlier = self._earlier_run()
@@ -96,9 +98,7 @@ class MlflowSink:
         found = self.client.get_experiment_by_name(name)
         if found is not None:
             return str(found.experiment_id)
-        location = None
-        if self.uri.startswith(SQLITE):
-            location = (Path(self.uri[len(SQLITE):]).parent / "mlartifacts").as_uri()
+        location = None if self.store_dir is None else (self.store_dir / "mlartifacts").as_uri()
         return str(self.client.create_experiment(name, artifact_location=location))
 
     def _copy_kept(self, earlier: str, resume: ResumePoint) -> None:
