@@ -3,6 +3,7 @@
     .venv/bin/python bench/mutation.py task/lid.py [task/correction.py ...]
     .venv/bin/python bench/mutation.py --all      # every file in TESTS, one after another
     .venv/bin/python bench/mutation.py --list     # the declared map: source file -> test files
+    .venv/bin/python bench/mutation.py strategies/fedcorr.py --only '*ǁFedCorrǁrestore__*'   # some functions
 
 Needs the `mutation` extra (`.venv/bin/pip install -e '.[mutation]'`). For each file, mutmut copies the
 project into mutants/ (emptied first), writes every mutant of that file alone, runs the file's test
@@ -12,12 +13,16 @@ timed out when the tests run far past their clean time (an endless loop: also ca
 (killed + timeout) / (total - equivalent), where equivalent mutants are those docs/mutation.md lists
 by name because no input can tell them from the original. Survivors not listed there are printed
 with their diff. mutants/ stays for a look (`.venv/bin/mutmut show NAME`) until the next run.
+
+``--only`` runs and scores just the mutants whose names match its patterns (fnmatch, as mutmut takes
+them): after a change to a few functions, their mutants, without the hours a whole file can take.
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import fnmatch
 import re
 import shutil
 import subprocess
@@ -42,8 +47,9 @@ TESTS: dict[str, tuple[str, ...]] = {
     "strategies/detection.py": ("tests/test_fedcorr_metrics.py", "tests/test_feddiv.py", "tests/test_reply_fields.py"),
     "strategies/fedavg.py": (*_STRATEGY_CORE, "tests/test_eval_cadence.py", "tests/test_fedavg.py",
                              "tests/test_progress.py"),
-    "strategies/fedcorr.py": (*_FEDCORR_STRATEGY, "tests/test_declared_constraints.py", "tests/test_progress.py"),
-    "strategies/fedcorr_metrics.py": _FEDCORR_STRATEGY,
+    "strategies/fedcorr.py": (*_FEDCORR_STRATEGY, "tests/test_declared_constraints.py", "tests/test_progress.py",
+                              "tests/test_fedcorr_strategy.py", "tests/test_learners.py"),
+    "strategies/fedcorr_metrics.py": (*_FEDCORR_STRATEGY, "tests/test_fedcorr_monitor.py"),
     "strategies/feddiv.py": ("tests/test_feddiv.py", "tests/test_feddiv_monitor.py", "tests/test_feddiv_strategy.py"),
     "strategies/feddyn.py": ("tests/test_baselines.py",),
     "strategies/federation.py": _STRATEGY_CORE,
@@ -111,9 +117,10 @@ def _module_of(mutant: str) -> str:
     return re.sub(r"\.x[_ǁ][^.]*$", "", mutant)
 
 
-def mutate(source: str) -> int:
-    """In this process: mutmut on ``source`` alone with its test files, then its score. Returns 0 when
-    every mutant not listed as equivalent was caught."""
+def mutate(source: str, only: list[str]) -> int:
+    """In this process: mutmut on ``source`` alone with its test files (and of its mutants only those
+    matching a pattern of ``only``, if any), then its score. Returns 0 when every mutant run and not
+    listed as equivalent was caught."""
     from mutmut import configuration  # the `mutation` extra; imported only here, in the worker
     from mutmut.__main__ import cli
     from mutmut.mutation.data import SourceFileMutationData
@@ -133,12 +140,13 @@ def mutate(source: str) -> int:
     configuration._config = dataclasses.replace(
         configuration.config(), only_mutate=[source], pytest_add_cli_args_test_selection=list(TESTS[source]))
     started = time.monotonic()
-    cli.main(["run", "--max-children", "1"], standalone_mode=False)
+    cli.main(["run", "--max-children", "1", *only], standalone_mode=False)
     minutes = (time.monotonic() - started) / 60
 
     data = SourceFileMutationData(path=source)
     data.load()
-    status = {name: status_by_exit_code[code] for name, code in data.exit_code_by_key.items()}
+    status = {name: status_by_exit_code[code] for name, code in data.exit_code_by_key.items()
+              if not only or any(fnmatch.fnmatch(name, pattern) for pattern in only)}
     listed = equivalents()
     equivalent = {name for name, state in status.items() if name in listed and state == "survived"}
     counts = {state: sum(1 for s in status.values() if s == state) for state in sorted(set(status.values()))}
@@ -146,7 +154,8 @@ def mutate(source: str) -> int:
     pool = len(status) - len(equivalent)
     escaped = sorted(name for name, state in status.items() if state not in CAUGHT and name not in equivalent)
     module = source.removesuffix(".py").removesuffix("/__init__").replace("/", ".")
-    stale = sorted(name for name in listed if _module_of(name) == module and name not in equivalent)
+    stale = sorted(name for name in listed if _module_of(name) == module and name not in equivalent
+                   and (not only or name in status))
 
     print(f"\n{source}: {len(status)} mutants in {minutes:.1f} min; "
           + ", ".join(f"{state} {count}" for state, count in counts.items()) + f"; equivalent {len(equivalent)}")
@@ -161,7 +170,8 @@ def mutate(source: str) -> int:
         found = status.get(name, "not generated")
         print(f"\nlisted in {EQUIVALENTS.relative_to(ROOT)} as equivalent but {found}: {name}")
     score = 100.0 * caught / pool if pool else 100.0
-    print(f"\nSCORE {source}: {caught}/{pool} = {score:.1f}% of non-equivalent mutants caught "
+    scope = f" ({len(status)} matching {' '.join(only)})" if only else ""
+    print(f"\nSCORE {source}{scope}: {caught}/{pool} = {score:.1f}% of non-equivalent mutants caught "
           f"(killed {counts.get('killed', 0)}, timeout {counts.get('timeout', 0)}, "
           f"survived {counts.get('survived', 0)}, total {len(status)}, equivalent {len(equivalent)})")
     return 1 if escaped else 0
@@ -173,6 +183,8 @@ def main() -> int:
     parser.add_argument("files", nargs="*", help="source files, as keys of TESTS (e.g. task/lid.py)")
     parser.add_argument("--all", action="store_true", help="every file in TESTS")
     parser.add_argument("--list", action="store_true", help="print the map of source file -> test files")
+    parser.add_argument("--only", nargs="+", default=[], metavar="PATTERN",
+                        help="only the mutants whose names match one of these fnmatch patterns (one file)")
     parser.add_argument("--in-process", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.list:
@@ -183,13 +195,16 @@ def main() -> int:
     unknown = [source for source in files if source not in TESTS]
     if unknown or not files:
         parser.error(f"give files declared in TESTS (--list shows them); unknown: {' '.join(unknown) or 'none given'}")
+    if args.only and len(files) != 1:
+        parser.error("--only takes one file: mutant names belong to one file")
     if args.in_process:
-        return mutate(files[0])
+        return mutate(files[0], args.only)
     # One process per file: mutmut imports the mutated modules and keeps its state in module globals.
     failed = []
     for source in files:
         shutil.rmtree(WORK, ignore_errors=True)
-        done = subprocess.run([sys.executable, __file__, "--in-process", source], cwd=ROOT, check=False)
+        only = ["--only", *args.only] if args.only else []
+        done = subprocess.run([sys.executable, __file__, "--in-process", source, *only], cwd=ROOT, check=False)
         if done.returncode:
             failed.append(source)
     if failed:

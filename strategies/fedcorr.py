@@ -270,13 +270,15 @@ class FedCorr(FederatedStrategy):
 
     def result_blocks(self) -> dict[str, Any]:
         """Stage 3's blocks (if it runs) and FedCorr's detection and correction metrics."""
+        assert self.monitor is not None
         blocks = self.stage3.result_blocks() if self.stage3 is not None else {}
-        return {**blocks, "fedcorr": self.monitor.results()} if self.monitor else blocks
+        return {**blocks, "fedcorr": self.monitor.results()}
 
     def result_arrays(self) -> dict[str, dict[str, np.ndarray]]:
         """Stage 3's array files (if it runs) and the clients' confusion counts (``confusion.npz``)."""
+        assert self.monitor is not None
         files = self.stage3.result_arrays() if self.stage3 is not None else {}
-        return {**files, **self.monitor.arrays()} if self.monitor else files
+        return {**files, **self.monitor.arrays()}
 
     def stages12_rounds(self) -> int:
         """The rounds of stages 1 and 2."""
@@ -303,7 +305,7 @@ class FedCorr(FederatedStrategy):
         """Continue from ``state()``; stage 3's part, when given, goes to stage 3 (a run that takes
         another run's stages 1-2 gives none: its stage 3 starts fresh)."""
         own = dict(state)
-        stage3 = own.pop("stage3", None)
+        stage3 = own.pop("stage3")
         super().restore(own)
         if stage3 is not None and self.stage3 is not None:
             self.stage3.restore(stage3)

@@ -84,9 +84,9 @@ class FedCorrMonitor:
         detected: list[int],
         mu_hat: Mapping[int, float],
     ) -> None:
-        """Record a finished stage-1 iteration (LID, detected clients, mu_hat) and print its line,
-        with detection, noise-estimate error and label noise when there is ground truth. Call it
-        after the iteration's ``corrected``."""
+        """Record a finished stage-1 iteration (LID, detected clients, every client's mu_hat) and print
+        its line, with detection, noise-estimate error and label noise when there is ground truth. Call
+        it after the iteration's ``corrected``."""
         self.detected, self.cumulative, self.mu_hat = list(detected), dict(cumulative), dict(mu_hat)
         record: dict[str, Any] = {
             "iteration": iteration,
@@ -100,7 +100,7 @@ class FedCorrMonitor:
             # A client corrected now was estimated on its labels before this correction; any other
             # client's labels did not change in this iteration.
             self.estimated_on = {k: self._before_correction.get(k, self.noise[k]) for k in self.clients}
-            estimates = {k: self.mu_hat.get(k, 0.0) for k in self.clients}
+            estimates = {k: self.mu_hat[k] for k in self.clients}
             record["noise_estimate_mae"] = None if self.missing else mean_abs_error(estimates, self.estimated_on)
             record["noise_estimate_mae_original"] = mean_abs_error(estimates, self.truth.true_noise)
             record["detection"] = self._detection(detected)
@@ -121,7 +121,7 @@ class FedCorrMonitor:
         the clients whose truth is known that returned none."""
         for pid, res in replies.items():
             counts = res.diagnostics
-            if counts is None and self.truth and self.truth.known.get(pid, 0) > 0:
+            if counts is None and self.truth and self.truth.known[pid] > 0:
                 self.missing.add(pid)
             if counts is not None and counts.known > 0:
                 self._before_correction[pid] = counts.wrong_before / counts.known

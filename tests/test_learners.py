@@ -416,6 +416,8 @@ def test_each_learner_is_built_by_name_with_its_settings_and_this_rounds_schedul
      r"strategy.train.coteaching.forget_rate=None is invalid: a number in \[0, 1\)"),
     (["strategy=fedcorr", "strategy.stage3=fedlsr", "strategy.stage3_learner=sce"],
      r"strategy.stage3_learner=sce is invalid: fedlsr trains with learner lsr"),
+    (["strategy=fedcorr", "strategy.stage3=fedlsr", "strategy.train.learner=sce"],
+     r"strategy.train.learner=sce is invalid: fedlsr trains with learner lsr"),
     (["strategy=fedcorr", "strategy.stage3=feddyn", "strategy.stage3_learner=coteaching",
       "strategy.train.coteaching.forget_rate=0.2"], r"strategy.stage3_learner=coteaching is invalid: feddyn works"),
 ])

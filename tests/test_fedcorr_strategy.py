@@ -1,0 +1,216 @@
+"""FedCorr's strategy object without a federation run: its checkpoint state and what a run taking
+another's stages 1-2 keeps of it, the budget of stages 1-2, its header line and its result files."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+
+import numpy as np
+import pytest
+from defaults import context, strategy_settings
+from flwr.app import Array, ArrayRecord, ConfigRecord, Message
+from test_eval_cadence import SMOKE, fedcorr
+from test_fedavg import answer
+
+from protocol.fedcorr import PLUGIN, LidRes
+from protocol.messages import LOSS, TrainIns, TrainStats, read_instruction, reply
+from strategies.base import ClientFailure
+from strategies.fedavg import FedAvg
+from strategies.fedcorr import DONE, FINETUNE, FedCorr
+from task.local_training import LocalTraining
+
+
+def learnt(strategy: FedCorr) -> FedCorr:
+    """``strategy`` after stage 1 found client 3 noisy and stage 3 ran four rounds."""
+    strategy.mu_hat[3] = 0.25
+    strategy.clean = [0, 1, 2]
+    assert strategy.stage3 is not None
+    strategy.stage3.stage_rounds = 4
+    return strategy
+
+
+def test_a_restore_takes_stage_3s_state_and_an_inherit_leaves_it_fresh():
+    saved = learnt(fedcorr("strategy.stage3=fedprox")).state()
+    assert saved["stage3"]["stage_rounds"] == 4 and saved["mu_hat"][3] == 0.25
+    restored = fedcorr("strategy.stage3=fedprox")
+    restored.restore(saved)
+    assert restored.stage3 is not None and restored.stage3.stage_rounds == 4
+    assert restored.mu_hat[3] == 0.25 and restored.clean == [0, 1, 2]
+    assert restored.state() == saved
+    taken = fedcorr("strategy.stage3=fedprox")
+    taken.inherit(saved)
+    assert taken.mu_hat[3] == 0.25 and taken.clean == [0, 1, 2], "stages 1-2's findings carry over"
+    assert taken.stage3 is not None and taken.stage3.stage_rounds == 0, "its own stage 3 starts fresh"
+
+
+def test_without_a_stage_3_the_state_says_so_and_a_stage_3_state_is_not_restored():
+    without = fedcorr("strategy.t3=0")
+    assert without.stage3 is None and without.state()["stage3"] is None
+    without.restore(learnt(fedcorr("strategy.stage3=fedprox")).state())
+    assert without.stage3 is None and without.mu_hat[3] == 0.25
+
+
+def test_stages_1_2_of_another_run_end_where_its_finetuning_does():
+    settings = strategy_settings("fedcorr", *SMOKE, "strategy.t1=2", "strategy.t2=3")
+    assert settings.starts_from(10) is None
+    taken = strategy_settings("fedcorr", *SMOKE, "strategy.t1=2", "strategy.t2=3", "strategy.stages12_from=/runs/a")
+    # frac1 = 1/N: 10 rounds per iteration, 2 iterations, then 3 finetuning rounds.
+    assert taken.starts_from(10) == ("/runs/a", 23)
+    assert taken.starts_from(5) == ("/runs/a", 13)
+
+
+def test_without_finetuning_stages_1_2_spend_only_stage_1s_participations():
+    # t1 = 3 iterations of all 10 clients; t2 = 5 rounds of frac2 N = 3 clients.
+    assert strategy_settings("fedcorr", *SMOKE).stages12_participations(10) == 3 * 10 + 5 * 3
+    off = strategy_settings("fedcorr", *SMOKE, "strategy.ablation.finetuning=false")
+    assert off.stages12_participations(10) == 3 * 10
+
+
+def test_the_run_header_logs_fedcorrs_settings(caplog):
+    strategy = fedcorr()
+    with caplog.at_level(logging.INFO, logger="strategies.fedcorr"):
+        strategy.summary()
+    assert [record.getMessage() for record in caplog.records] == [f"FedCorr: {strategy.settings}"]
+
+
+class WithFiles(FedAvg):
+    """A stage 3 that writes an array file of its own."""
+
+    def result_arrays(self) -> dict[str, dict[str, np.ndarray]]:
+        return {"stage3.npz": {"kept": np.arange(3)}}
+
+
+def test_the_result_files_hold_stage_3s_and_fedcorrs_own():
+    strategy = fedcorr("strategy.stage3=poc")
+    assert set(strategy.result_blocks()) == {"poc", "fedcorr"}
+    assert strategy.result_arrays() == {}, "no confusion counts came, and PoC writes no array file"
+    strategy.monitor.confusion[2] = {"before": np.arange(4)}  # type: ignore[union-attr]
+    strategy.stage3 = WithFiles(strategy.settings.stage3_settings(rounds=2), context(), stage="usual")
+    files = strategy.result_arrays()
+    assert sorted(files) == ["confusion.npz", "stage3.npz"]
+    assert files["stage3.npz"]["kept"].tolist() == [0, 1, 2] and files["confusion.npz"]["clients"].tolist() == [2]
+
+
+
+def test_stage_3s_own_queries_wait_the_runs_round_timeout(run_inprocess, monkeypatch):
+    from grid import LocalGrid
+
+    waits: list[tuple[str, float | None]] = []
+    send = LocalGrid.send_and_receive
+
+    def timed(self, messages, *, timeout=None):
+        messages = list(messages)
+        waits.extend((message.metadata.message_type, timeout) for message in messages)
+        return send(self, messages, timeout=timeout)
+
+    monkeypatch.setattr(LocalGrid, "send_and_receive", timed)
+    run_inprocess("experiment=smoke strategy=fedcorr strategy.train.epochs=1 strategy.t1=1 strategy.t2=1 "
+                  "strategy.t3=1 strategy.stage3=poc server.round_timeout=77")
+    queried = {timeout for kind, timeout in waits if kind == LOSS}
+    assert queried == {77.0}, "PoC's candidates answer within the run's round timeout"
+
+
+ARRAYS = ArrayRecord({"w": Array(np.zeros(2, np.float32))})
+
+
+def test_finetuning_rounds_carry_the_learners_schedule_from_stage_2s_first_round(flower_identity):
+    strategy = fedcorr("strategy.train.learner=lsr", "strategy.train.lsr.warmup_rounds=4")
+    strategy.stage, strategy.clean, strategy._finetune_left = FINETUNE, [0, 1, 2, 3], strategy.settings.t2
+    gamma = strategy.settings.train.lsr.gamma
+    weights = []
+    for server_round in range(31, 36):  # the smoke preset's five stage-2 rounds
+        (first, *_) = strategy.configure_train(server_round, ARRAYS, ConfigRecord(), None)
+        weights.append(read_instruction(first.content, TrainIns).schedule.distill_weight)
+    assert weights == pytest.approx([0.0, gamma / 4, gamma / 2, 3 * gamma / 4, gamma])
+
+
+def stage1_answer(message: Message, arrays: ArrayRecord, lid: float | None) -> Message:
+    """The addressed client's stage-1 reply: ``arrays``, and its LID score unless ``lid`` is None."""
+    extra = None if lid is None else LidRes(lid=lid)
+    return Message(content=reply(TrainStats(num_examples=10, train_loss=0.5, steps=1), arrays=arrays, extra=extra,
+                                 plugin=PLUGIN), reply_to=message)
+
+
+@pytest.mark.parametrize(("arrays", "lid", "refusal"), [
+    (ArrayRecord({"w": Array(np.zeros(3, np.float32))}), 4.0, r"key 'arrays' .*shape \(3,\)"),
+    (ARRAYS, None, r"key 'fedcorr' is missing"),
+])
+def test_a_stage_1_reply_without_the_rounds_shape_or_a_lid_score_is_refused_naming_the_client(
+        flower_identity, arrays, lid, refusal):
+    strategy = fedcorr()
+    (sent,) = strategy.configure_train(1, ARRAYS, ConfigRecord(), None)  # m1 = 1: one client a round
+    pid = strategy.partition_of_reply(stage1_answer(sent, ARRAYS, 4.0))
+    with pytest.raises(ClientFailure, match=rf"^client {pid} sent a bad message: {refusal}"):
+        strategy.aggregate_train(1, [stage1_answer(sent, arrays, lid)])
+
+
+def stage1_training(strategy: FedCorr) -> LocalTraining:
+    """The local training of the first client of stage 1's first round."""
+    (first, *_) = strategy.configure_train(1, ARRAYS, ConfigRecord(), None)
+    return read_instruction(first.content, TrainIns).training
+
+
+def test_stage_1_trains_with_fedcorrs_own_mixup_and_proximal_norm(flower_identity):
+    # The train block's own mixup_alpha and prox_norm (1.0, squared) are not what stage 1 uses.
+    train = stage1_training(fedcorr("strategy.mixup_alpha=2.5", "strategy.prox_norm=l2"))
+    assert (train.learner, train.mixup_alpha, train.prox_norm) == ("mixup", 2.5, "l2")
+    assert train.prox_weight == 0.0, "every client starts with mu_hat = 0"
+    without = stage1_training(fedcorr("strategy.mixup_alpha=0"))
+    assert (without.learner, without.mixup_alpha) == ("ce", 1.0), "alpha 0 turns mixup off"
+
+
+def test_a_finetuning_round_averages_its_replies_and_logs_their_mean_loss(flower_identity):
+    strategy = fedcorr()
+    strategy.stage, strategy.clean, strategy._finetune_left = FINETUNE, [0, 1, 2, 3], strategy.settings.t2
+    sent = list(strategy.configure_train(31, ARRAYS, ConfigRecord(), None))
+    assert len(sent) == 3, "frac2 N = 3 of the 4 clean clients"
+    _, metrics = strategy.aggregate_train(31, [answer(m, loss) for m, loss in zip(sent, (0.2, 0.4, 0.9), strict=True)])
+    assert metrics is not None and metrics["train-loss"] == pytest.approx(0.5)
+    (info,) = strategy.history
+    assert (info.stage, info.train_loss, len(info.clients)) == ("finetune", pytest.approx(0.5), 3)
+
+
+def test_a_round_after_the_last_is_one_clear_error():
+    strategy = fedcorr("strategy.t3=0")
+    strategy.stage = DONE
+    with pytest.raises(RuntimeError, match=r"^FedCorr has no round 36: its 35 rounds are done$"):
+        strategy.configure_train(36, ARRAYS, ConfigRecord(), None)
+
+
+def stage1_iterations(strategy: FedCorr, *lids: Callable[[int], float]) -> None:
+    """Stage-1 iterations over the smoke preset's 10 clients, one a round, each client replying in
+    iteration i with LID ``lids[i](pid)``; the round after the last closes its iteration."""
+    rounds = range(1, 10 * len(lids) + 1)
+    for server_round in rounds:
+        (sent,) = strategy.configure_train(server_round, ARRAYS, ConfigRecord(), None)
+        pid = strategy.partition_of_reply(stage1_answer(sent, ARRAYS, 0.0))
+        lid = lids[(server_round - 1) // 10](pid)
+        strategy.aggregate_train(server_round, [stage1_answer(sent, ARRAYS, lid)])
+    strategy.configure_train(rounds[-1] + 1, ARRAYS, ConfigRecord(), None)
+
+
+def test_each_iteration_adds_every_clients_lid_to_its_running_sum(flower_identity):
+    strategy = fedcorr()
+    stage1_iterations(strategy, lambda pid: 5.0, lambda pid: 2.0)  # all alike: nobody is flagged
+    assert strategy.monitor is not None
+    first, second = strategy.monitor.iterations
+    assert (first["iteration"], second["iteration"]) == (1, 2)
+    assert second["lid"] == {str(pid): 2.0 for pid in range(10)}
+    assert second["cumulative_lid"] == {str(pid): 7.0 for pid in range(10)}
+    assert second["detected_noisy_clients"] == [] and second["mu_hat"] == {str(pid): 0.0 for pid in range(10)}
+
+
+@pytest.mark.parametrize(("guard", "lid", "said"), [
+    # Ten evenly spread scores: the 2-component mixture does not beat one on BIC.
+    ("bic", lambda pid: 20.0 + 0.1 * pid, True),
+    # Identical scores carry no split whatever the guard; the paper's rule has no guard to report.
+    ("none", lambda pid: 5.0, False),
+])
+def test_a_guard_that_finds_one_population_says_so_and_flags_nobody(flower_identity, caplog, guard, lid, said):
+    strategy = fedcorr(f"strategy.client_split_guard={guard}")
+    with caplog.at_level(logging.INFO, logger="strategies.fedcorr"):
+        stage1_iterations(strategy, lid)
+    assert strategy.monitor is not None and strategy.monitor.detected == []
+    line = f"FedCorr: the {guard} guard finds one population in the cumulative LID; no client is flagged"
+    assert (line in caplog.messages) is said
