@@ -48,7 +48,7 @@ TESTS: dict[str, tuple[str, ...]] = {
     "strategies/fedavg.py": (*_STRATEGY_CORE, "tests/test_eval_cadence.py", "tests/test_fedavg.py",
                              "tests/test_progress.py"),
     "strategies/fedcorr.py": (*_FEDCORR_STRATEGY, "tests/test_declared_constraints.py", "tests/test_progress.py",
-                              "tests/test_fedcorr_strategy.py", "tests/test_learners.py"),
+                              "tests/test_fedcorr_strategy.py", "tests/test_learners.py", "tests/test_baselines.py"),
     "strategies/fedcorr_metrics.py": (*_FEDCORR_STRATEGY, "tests/test_fedcorr_monitor.py"),
     "strategies/feddiv.py": ("tests/test_feddiv.py", "tests/test_feddiv_monitor.py", "tests/test_feddiv_strategy.py"),
     "strategies/feddyn.py": ("tests/test_baselines.py",),

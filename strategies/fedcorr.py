@@ -29,7 +29,6 @@ from typing import Any
 import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
 from flwr.serverapp import Grid
-from flwr.serverapp.strategy import Result
 
 from common.errors import InvalidValue
 from common.mixture import GUARDS, high_component
@@ -315,13 +314,6 @@ class FedCorr(FederatedStrategy):
         not its stage 3's."""
         self.restore({**state, "stage3": None})
 
-    def start(self, grid: Grid, initial_arrays: ArrayRecord, num_rounds: int | None = None,
-              timeout: float = 3600, *args: Any, **kwargs: Any) -> Result:
-        """Run all three stages in the round loop; stage 3's exchanges wait at most ``timeout`` too."""
-        if self.stage3 is not None:
-            self.stage3.timeout = float(timeout)
-        return super().start(grid, initial_arrays, num_rounds, timeout, *args, **kwargs)
-
     # --- Flower's round hooks ------------------------------------------------------------------
 
     def configure_train(
@@ -333,6 +325,7 @@ class FedCorr(FederatedStrategy):
         self._settle(arrays)
         self.global_arrays = arrays
         if self.stage == USUAL and self.stage3 is not None:
+            self.stage3.timeout = self.timeout  # its own queries (PoC's losses) wait as long as a round
             return self.stage3.configure_train(server_round, arrays, config, grid)
         if self.stage == PREPROCESS:
             if not self._chunks:
@@ -459,7 +452,8 @@ class FedCorr(FederatedStrategy):
         """``query.correct`` on ``clients``; returns their replies by partition id."""
         if not clients:
             return {}
-        assert self._grid is not None and self.monitor is not None
+        assert self._grid is not None
+        assert self.monitor is not None
         s = self.settings
         ins = CorrectIns(mode=mode, pi=s.pi, theta=s.theta, relabel=s.ablation.correction,
                          split_losses=s.split_losses, rank_losses=s.rank_losses,

@@ -140,3 +140,15 @@ def test_the_stage_end_line_is_left_out_when_the_label_noise_is_unknown(capsys):
     assert row["true_noise_estimated_on"] is None and row["true_noise_after"] is None
     assert row["true_noise_before"] == 0.4, "the scene's figure before any correction is still known"
     assert np.isclose(monitor.label_noise["before"], 0.4)
+
+
+def test_the_label_noise_weighs_clients_by_their_known_labels_and_skips_those_with_none():
+    # Client 0: 1 known label, wrong; client 1: 3 known, right; client 2: no known label (rate NaN).
+    ground = GroundTruth(noisy_clients=frozenset({0}), true_noise={0: 1.0, 1: 0.0, 2: float("nan")},
+                         sizes={0: 1, 1: 3, 2: 4}, known={0: 1, 1: 3, 2: 0}, real_noise=True)
+    monitor = FedCorrMonitor([0, 1, 2], ground)
+    assert monitor.label_noise["before"] == pytest.approx(0.25), "1 wrong of 4 known"
+    monitor.end_iteration(1, {0: 9.0, 1: 5.0, 2: 5.0}, {0: 9.0, 1: 5.0, 2: 5.0}, [0], {0: 0.9, 1: 0.0, 2: 0.2})
+    rows = {row["client"]: row for row in monitor.client_rows()}
+    assert rows[2]["mu_hat_error"] is None and rows[2]["mu_hat_error_original"] is None
+    assert rows[0]["mu_hat_error_original"] == pytest.approx(0.1)

@@ -44,10 +44,14 @@ def test_corrections_follow_each_iteration_and_stage_2(run_inprocess):
     # the noisy samples, and nothing gets relabelled.
     payload, grid = run_inprocess(SMALL + " strategy.train.epochs=2")
     kinds = grid.delivered_types()
-    corrections = [m.content[CONFIG]["mode"] for m in grid.delivered if m.metadata.message_type == CORRECT]
+    configs = [m.content[CONFIG] for m in grid.delivered if m.metadata.message_type == CORRECT]
     detected = [len(it["detected_noisy_clients"]) for it in payload["fedcorr"]["iterations"]]
     outside = N - len(payload["fedcorr"]["finetune_clients"])
-    assert corrections == ["stage1"] * sum(detected) + ["stage2"] * outside
+    assert [c["mode"] for c in configs] == ["stage1"] * sum(detected) + ["stage2"] * outside
+    # A stage-1 split takes local losses from this iteration's training only (round 1, then N + 1);
+    # every loss GMM seeds from the run's seed; ground truth is on, so counts come back.
+    assert [c["losses-since"] for c in configs[:sum(detected)]] == [1] * detected[0] + [N + 1] * detected[1]
+    assert {(c["seed"], c["relabel"], c["diagnostics"]) for c in configs} == {(payload["config"]["seed"], True, True)}
     # Iteration 1's corrections come after its last train round and before iteration 2's first.
     first_correct = kinds.index(CORRECT)
     assert kinds[:first_correct].count(TRAIN) == N
@@ -75,17 +79,22 @@ def test_an_empty_clean_set_falls_back_to_the_lowest_noise_estimates(run_inproce
         payload, _ = run_inprocess(f"{SMALL} noise.rho=1.0 noise.tau=0.5")
     clean = payload["fedcorr"]["finetune_clients"]
     mu_hat = {row["client"]: row["mu_hat"] for row in payload["fedcorr"]["clients"]}
-    assert len(clean) == M and "finetuning on the 3 lowest-mu_hat clients" in caplog.text
+    assert len(clean) == M
+    assert f"no client has mu_hat <= kappa=0.1; finetuning on the 3 lowest-mu_hat clients {clean}" in caplog.messages
     assert max(mu_hat[c] for c in clean) <= min(mu_hat[c] for c in mu_hat if c not in clean)
 
 
 @pytest.mark.parametrize("switch", ["correction", "local_proximal", "mixup", "finetuning", "usual_training"])
 def test_each_table_6_switch_removes_its_component(run_inprocess, switch):
-    payload, grid = run_inprocess(f"{SMALL} strategy.ablation.{switch}=false")
+    # Two local epochs where correction is off: with one, nothing would be relabelled anyway.
+    epochs = 2 if switch == "correction" else 1
+    payload, grid = run_inprocess(f"{SMALL} strategy.ablation.{switch}=false strategy.train.epochs={epochs}")
     block = payload["fedcorr"]
     stage1 = train_configs(grid)[: 2 * N]
     if switch == "correction":
         assert block["relabeled"] == 0 and block["label_noise"]["after_stage2"] == block["label_noise"]["before"]
+        assert all(m.content[CONFIG]["relabel"] is False for m in grid.delivered
+                   if m.metadata.message_type == CORRECT)
         assert any(value > 0 for row in block["clients"] for value in [row["mu_hat"]]), "mu_hat is still estimated"
     if switch == "local_proximal":
         assert all(config["prox-weight"] == 0.0 for config in stage1)

@@ -4,7 +4,8 @@ another's stages 1-2 keeps of it, the budget of stages 1-2, its header line and 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
+from typing import Any
 
 import numpy as np
 import pytest
@@ -13,7 +14,7 @@ from flwr.app import Array, ArrayRecord, ConfigRecord, Message
 from test_eval_cadence import SMOKE, fedcorr
 from test_fedavg import answer
 
-from protocol.fedcorr import PLUGIN, LidRes
+from protocol.fedcorr import PLUGIN, CorrectRes, LidRes
 from protocol.messages import LOSS, TrainIns, TrainStats, read_instruction, reply
 from strategies.base import ClientFailure
 from strategies.fedavg import FedAvg
@@ -178,16 +179,17 @@ def test_a_round_after_the_last_is_one_clear_error():
         strategy.configure_train(36, ARRAYS, ConfigRecord(), None)
 
 
-def stage1_iterations(strategy: FedCorr, *lids: Callable[[int], float]) -> None:
+def stage1_iterations(strategy: FedCorr, *lids: Callable[[int], float], grid: Any = None) -> None:
     """Stage-1 iterations over the smoke preset's 10 clients, one a round, each client replying in
-    iteration i with LID ``lids[i](pid)``; the round after the last closes its iteration."""
+    iteration i with LID ``lids[i](pid)``; the round after the last closes its iteration (with
+    ``grid`` answering the corrections, if any)."""
     rounds = range(1, 10 * len(lids) + 1)
     for server_round in rounds:
-        (sent,) = strategy.configure_train(server_round, ARRAYS, ConfigRecord(), None)
+        (sent,) = strategy.configure_train(server_round, ARRAYS, ConfigRecord(), grid)
         pid = strategy.partition_of_reply(stage1_answer(sent, ARRAYS, 0.0))
         lid = lids[(server_round - 1) // 10](pid)
         strategy.aggregate_train(server_round, [stage1_answer(sent, ARRAYS, lid)])
-    strategy.configure_train(rounds[-1] + 1, ARRAYS, ConfigRecord(), None)
+    strategy.configure_train(rounds[-1] + 1, ARRAYS, ConfigRecord(), grid)
 
 
 def test_each_iteration_adds_every_clients_lid_to_its_running_sum(flower_identity):
@@ -214,3 +216,52 @@ def test_a_guard_that_finds_one_population_says_so_and_flags_nobody(flower_ident
     assert strategy.monitor is not None and strategy.monitor.detected == []
     line = f"FedCorr: the {guard} guard finds one population in the cumulative LID; no client is flagged"
     assert (line in caplog.messages) is said
+
+
+def test_stage_2_finetunes_on_every_client_whose_noise_estimate_is_at_most_kappa(flower_identity):
+    # Nobody flagged in the preset's 3 iterations: every mu_hat is 0, which kappa = 0 still admits.
+    strategy = fedcorr("strategy.kappa=0")
+    stage1_iterations(strategy, *[lambda pid: 5.0] * 3)
+    assert strategy.stage == FINETUNE and strategy.clean == list(range(10))
+    assert strategy.monitor is not None and list(strategy.monitor.label_noise) == ["before", "after_stage1"]
+
+
+def test_the_end_of_stage_2_without_a_stage_3_ends_the_run():
+    # Every client clean: stage 2's relabelling asks nobody, so no grid is needed to close it.
+    strategy = fedcorr("strategy.t3=0")
+    strategy.stage, strategy.clean = FINETUNE, list(range(10))
+    strategy.finish(None, ARRAYS)
+    assert strategy.stage == DONE and strategy.state()["stage"] == DONE
+    assert strategy.monitor is not None and list(strategy.monitor.label_noise) == ["before", "after_stage2"]
+
+
+class Correcting:
+    """Clients answering ``query.correct`` with ``res`` (a stage-1 reply must carry mu_hat)."""
+
+    def __init__(self, res: CorrectRes | LidRes) -> None:
+        self.res = res
+
+    def send_and_receive(self, messages: Iterable[Message], *, timeout: float | None = None) -> list[Message]:
+        return [Message(content=reply(self.res), reply_to=message) for message in messages]
+
+
+def flagged(pid: int) -> float:
+    """Clients 7-9 stand apart in LID: the split flags them, and they are asked to correct."""
+    return 9.0 if pid >= 7 else 1.0
+
+
+@pytest.mark.parametrize(("res", "refusal"), [
+    (CorrectRes(n_relabeled=0), "key 'mu-hat' is missing from a stage-1 correction"),
+    (LidRes(lid=2.0), "key 'lid' is not part of a CorrectRes"),
+])
+def test_a_stage_1_correction_that_is_not_one_or_lacks_mu_hat_is_refused_naming_the_client(
+        flower_identity, res, refusal):
+    with pytest.raises(ClientFailure, match=rf"^client 7 sent a bad message: {refusal}.*; client 8 .*; client 9 "):
+        stage1_iterations(fedcorr(), flagged, grid=Correcting(res))
+
+
+def test_the_flagged_clients_noise_estimates_are_kept_and_the_others_are_0(flower_identity):
+    answered = fedcorr()
+    stage1_iterations(answered, flagged, grid=Correcting(CorrectRes(n_relabeled=0, mu_hat=0.3)))
+    assert answered.monitor is not None and answered.monitor.detected == [7, 8, 9]
+    assert answered.mu_hat == {pid: 0.3 if pid >= 7 else 0.0 for pid in range(10)}
