@@ -265,7 +265,8 @@ class FedCorr(FederatedStrategy):
             return self.settings.stage1_round_size(num_clients)
         if server_round <= self.stages12_rounds():
             return min(round_size(self.settings.frac2, num_clients), len(self.clean) or num_clients)
-        return self.stage3.planned_clients(server_round) if self.stage3 is not None else 0
+        assert self.stage3 is not None  # only a stage 3 has rounds after stage 2
+        return self.stage3.planned_clients(server_round)
 
     def result_blocks(self) -> dict[str, Any]:
         """Stage 3's blocks (if it runs) and FedCorr's detection and correction metrics."""
