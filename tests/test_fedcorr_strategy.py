@@ -14,6 +14,7 @@ from flwr.app import Array, ArrayRecord, ConfigRecord, Message
 from test_eval_cadence import SMOKE, fedcorr
 from test_fedavg import answer
 
+from common.errors import ConfigError
 from protocol.fedcorr import PLUGIN, CorrectRes, LidRes
 from protocol.messages import LOSS, TrainIns, TrainStats, read_instruction, reply
 from strategies.base import ClientFailure
@@ -265,3 +266,11 @@ def test_the_flagged_clients_noise_estimates_are_kept_and_the_others_are_0(flowe
     stage1_iterations(answered, flagged, grid=Correcting(CorrectRes(n_relabeled=0, mu_hat=0.3)))
     assert answered.monitor is not None and answered.monitor.detected == [7, 8, 9]
     assert answered.mu_hat == {pid: 0.3 if pid >= 7 else 0.0 for pid in range(10)}
+
+
+def test_a_budget_below_stages_1_2_is_refused_naming_them():
+    settings = strategy_settings("fedcorr", *SMOKE)  # 3 iterations of 10 clients, then 5 rounds of 3
+    assert settings.stage3_rounds(context(comm_budget=51)) == 2
+    with pytest.raises(ConfigError, match=r"^comm_budget=44 is invalid: too small; FedCorr's stages 1-2 alone spend "
+                                          r"45 client participations$"):
+        settings.stage3_rounds(context(comm_budget=44))
