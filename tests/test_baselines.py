@@ -273,6 +273,9 @@ def build(overrides: list[str], parameter_names=("w",)):
     (["strategy=fedavg", "strategy.train.lr=0"], r"strategy.train.lr=0 is invalid: allowed is a finite number > 0"),
     (["strategy=fedavg", "+strategy.mu=1"], r"strategy config has unknown keys \['mu'\]"),
     (["strategy.stage3=poc", "strategy.stage3_options.poc.d=3"], r"strategy.stage3_options.poc.d=3 is invalid"),
+    # Every strategy's block is checked, not only the one stage 3 runs.
+    (["strategy.stage3=fedavg", "strategy.stage3_options.rfa.smoothing=0"],
+     r"strategy.stage3_options.rfa.smoothing=0 is invalid"),
     (["strategy.stage3=fednoro"], r"strategy.stage3='fednoro' is invalid: allowed are fedavg, feddyn, fedlsr"),
     (["strategy.ablation.mixup=maybe"], r"strategy.ablation.mixup='maybe' is invalid: allowed is true or false"),
     (["+strategy.ablation.noise=false"], r"strategy.ablation config has unknown keys \['noise'\]"),

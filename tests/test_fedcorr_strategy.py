@@ -230,7 +230,7 @@ def test_stage_2_finetunes_on_every_client_whose_noise_estimate_is_at_most_kappa
 def test_the_end_of_stage_2_without_a_stage_3_ends_the_run():
     # Every client clean: stage 2's relabelling asks nobody, so no grid is needed to close it.
     strategy = fedcorr("strategy.t3=0")
-    strategy.stage, strategy.clean = FINETUNE, list(range(10))
+    strategy.stage, strategy.clean, strategy._finetune_left = FINETUNE, list(range(10)), 0  # its rounds done
     strategy.finish(None, ARRAYS)
     assert strategy.stage == DONE and strategy.state()["stage"] == DONE
     assert strategy.monitor is not None and list(strategy.monitor.label_noise) == ["before", "after_stage2"]
@@ -274,3 +274,8 @@ def test_a_budget_below_stages_1_2_is_refused_naming_them():
     with pytest.raises(ConfigError, match=r"^comm_budget=44 is invalid: too small; FedCorr's stages 1-2 alone spend "
                                           r"45 client participations$"):
         settings.stage3_rounds(context(comm_budget=44))
+
+
+def test_stage_3_takes_frac2_n_clients_a_round_down_to_one():
+    strategy = fedcorr("strategy.frac2=0.1")  # 10 clients: one a round in stages 2 and 3
+    assert [strategy.planned_clients(r) for r in (31, 36)] == [1, 1]
