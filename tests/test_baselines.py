@@ -277,6 +277,8 @@ def build(overrides: list[str], parameter_names=("w",)):
     (["strategy.stage3=fedavg", "strategy.stage3_options.rfa.smoothing=0"],
      r"strategy.stage3_options.rfa.smoothing=0 is invalid"),
     (["strategy.stage3=fednoro"], r"strategy.stage3='fednoro' is invalid: allowed are fedavg, feddyn, fedlsr"),
+    (["+strategy.stage3_options.fednoro.warmup=5"],
+     r"strategy.stage3_options='fednoro' is invalid: allowed are fedavg, feddyn, fedlsr"),
     (["strategy.ablation.mixup=maybe"], r"strategy.ablation.mixup='maybe' is invalid: allowed is true or false"),
     (["+strategy.ablation.noise=false"], r"strategy.ablation config has unknown keys \['noise'\]"),
     (["strategy.frac2=0"], r"strategy.frac2=0 is invalid"),

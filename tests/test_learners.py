@@ -411,7 +411,8 @@ def test_each_learner_is_built_by_name_with_its_settings_and_this_rounds_schedul
     (["strategy=feddyn", "strategy.train.learner=coteaching", "strategy.train.coteaching.forget_rate=0.2"],
      r"strategy.train.learner=coteaching is invalid: feddyn works with one network"),
     (["strategy=fedcorr", "strategy.train.learner=coteaching", "strategy.train.coteaching.forget_rate=0.2"],
-     r"strategy.train.learner='coteaching' is invalid: a learner of one network"),
+     r"strategy.train.learner='coteaching' is invalid: a learner of one network: FedCorr's stages 1-2 train and "
+     r"query one network \(set stage3_learner=coteaching for stage 3\)$"),
     (["strategy=fedcorr", "strategy.stage3_learner=coteaching"],
      r"strategy.train.coteaching.forget_rate=None is invalid: a number in \[0, 1\)"),
     (["strategy=fedcorr", "strategy.stage3=fedlsr", "strategy.stage3_learner=sce"],

@@ -22,7 +22,7 @@ from settings.run import SimulationSettings
 NUM_NODES = 3
 # conf/'s simulation settings: one CPU per client, no GPU.
 SIMULATION = from_mapping(SimulationSettings, composed()["simulation"], "simulation")
-REPLY_TIMEOUT = 60.0
+REPLY_TIMEOUT = 180.0  # generous: on a loaded 2-core machine Ray starts the three nodes' actors slowly
 
 client_app = ClientApp()
 
