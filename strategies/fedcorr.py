@@ -302,8 +302,8 @@ class FedCorr(FederatedStrategy):
         return {**super().state(), "stage3": None if self.stage3 is None else self.stage3.state()}
 
     def restore(self, state: dict[str, Any]) -> None:
-        """Continue from ``state()``; stage 3's part, when given, goes to stage 3 (a run that takes
-        another run's stages 1-2 gives none: its stage 3 starts fresh)."""
+        """Continue from ``state()``; its ``stage3`` part goes to stage 3, unless it is None (a run that
+        takes another run's stages 1-2 gives none: its stage 3 starts fresh)."""
         own = dict(state)
         stage3 = own.pop("stage3")
         super().restore(own)

@@ -1,5 +1,8 @@
-"""FedCorr's strategy object without a federation run: its checkpoint state and what a run taking
-another's stages 1-2 keeps of it, the budget of stages 1-2, its header line and its result files."""
+"""FedCorr's strategy driven by hand through its round hooks, with chosen replies (one test runs an
+in-process federation): stage 1's instructions, the running sum of LID and the split guard, the
+corrections and the replies refused, the finetuning rounds and the stage ends, the checkpoint state
+and what a run taking another's stages 1-2 keeps of it, the budget, the header line and the result
+files."""
 
 from __future__ import annotations
 
