@@ -2,6 +2,7 @@
 
 import json
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -30,11 +31,13 @@ def truth(noise: dict[int, float], size: int = 100, real: bool = False, known: i
                        known=dict.fromkeys(noise, size if known is None else known), real_noise=real)
 
 
-def corrected(known: int, wrong_before: int, wrong_after: int) -> CorrectRes:
+def corrected(known: int, wrong_before: int, wrong_after: int, **fields: Any) -> CorrectRes:
+    """A correction reply whose every change made a wrong label right, with ground-truth counts and any
+    other Diagnostics ``fields`` (the stage-1 split, the confusion counts)."""
     changed = wrong_before - wrong_after
     return CorrectRes(n_relabeled=changed, mu_hat=None,
                       diagnostics=Diagnostics(known=known, wrong_before=wrong_before, wrong_after=wrong_after,
-                                              changed=changed, changed_correct=changed))
+                                              changed=changed, changed_correct=changed, **fields))
 
 
 def test_the_noise_estimate_error_is_measured_on_the_labels_it_was_estimated_on():

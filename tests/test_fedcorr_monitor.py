@@ -10,19 +10,11 @@ import pytest
 from test_fedcorr_metrics import corrected, truth
 
 from common.run_files import CONFUSION, CONFUSION_POINTS
-from protocol.fedcorr import CorrectRes, Diagnostics
+from protocol.fedcorr import CorrectRes
 from strategies.fedcorr_metrics import SPLIT_KEYS, FedCorrMonitor
 from strategies.ground_truth import GroundTruth
 
 EYE = (5, 1, 0, 4)  # a 2-class confusion (true, held), row-major: 1 of 5 class-0 labels held as 1
-
-
-def counts(known: int, wrong_before: int, wrong_after: int, **fields: object) -> CorrectRes:
-    """A stage-1 reply with ground-truth ``counts`` and any other Diagnostics ``fields``."""
-    changed = wrong_before - wrong_after
-    return CorrectRes(n_relabeled=changed, mu_hat=0.3, diagnostics=Diagnostics(
-        known=known, wrong_before=wrong_before, wrong_after=wrong_after, changed=changed,
-        changed_correct=changed, **fields))  # type: ignore[arg-type]
 
 
 def sized(known: dict[int, int]) -> GroundTruth:
@@ -33,7 +25,7 @@ def sized(known: dict[int, int]) -> GroundTruth:
 
 def test_a_client_with_one_known_label_is_counted_and_one_with_none_is_skipped():
     monitor = FedCorrMonitor([0, 1], sized({0: 1, 1: 0}))
-    monitor.corrected({0: counts(1, 1, 0), 1: counts(0, 0, 0)}, "stage1")
+    monitor.corrected({0: corrected(1, 1, 0), 1: corrected(0, 0, 0)}, "stage1")
     assert monitor.noise[0] == 0.0 and monitor.changed == {"stage1": 1}
     assert monitor.noise[1] == 0.5, "nothing known: the scene's own figure stands"
     assert not monitor.missing
@@ -51,9 +43,9 @@ def test_only_a_client_whose_truth_is_known_is_missing_when_it_sends_no_counts()
 
 def test_the_first_correction_keeps_the_before_counts_and_each_stage_its_latest_after():
     monitor = FedCorrMonitor([0, 1], sized({0: 10, 1: 10}))
-    monitor.corrected({0: counts(10, 2, 1, confusion_before=(4, 1, 1, 4), confusion_after=EYE)}, "stage1")
-    monitor.corrected({0: counts(10, 1, 1, confusion_before=EYE, confusion_after=(5, 0, 1, 4))}, "stage1")
-    monitor.corrected({0: counts(10, 1, 0, confusion_before=(5, 0, 1, 4), confusion_after=(5, 0, 0, 5))}, "stage2")
+    monitor.corrected({0: corrected(10, 2, 1, confusion_before=(4, 1, 1, 4), confusion_after=EYE)}, "stage1")
+    monitor.corrected({0: corrected(10, 1, 1, confusion_before=EYE, confusion_after=(5, 0, 1, 4))}, "stage1")
+    monitor.corrected({0: corrected(10, 1, 0, confusion_before=(5, 0, 1, 4), confusion_after=(5, 0, 0, 5))}, "stage2")
     kept = monitor.confusion[0]
     assert sorted(kept) == ["after_stage1", "after_stage2", "before"]
     assert kept["before"].tolist() == [4, 1, 1, 4], "before the first correction, not the second"
@@ -70,16 +62,16 @@ def test_the_first_correction_keeps_the_before_counts_and_each_stage_its_latest_
 @pytest.mark.parametrize("half", [{"confusion_before": EYE}, {"confusion_after": EYE}])
 def test_a_reply_with_one_of_the_two_confusion_matrices_records_none(half):
     monitor = FedCorrMonitor([0], sized({0: 10}))
-    monitor.corrected({0: counts(10, 1, 0, **half)}, "stage1")
+    monitor.corrected({0: corrected(10, 1, 0, **half)}, "stage1")
     assert monitor.confusion == {} and monitor.arrays() == {}
     assert monitor.noise[0] == 0.0, "the counts themselves still count"
 
 
 def test_the_split_is_the_latest_stage_1_one_and_a_reply_without_one_keeps_it():
     monitor = FedCorrMonitor([0], sized({0: 10}))
-    monitor.corrected({0: counts(10, 4, 2, split_tp=3, split_fp=1, split_fn=1, split_tn=5)}, "stage1")
-    monitor.corrected({0: counts(10, 2, 1, split_tp=2, split_fp=0, split_fn=0, split_tn=8)}, "stage1")
-    monitor.corrected({0: counts(10, 1, 0)}, "stage2")  # stage 2 splits nothing
+    monitor.corrected({0: corrected(10, 4, 2, split_tp=3, split_fp=1, split_fn=1, split_tn=5)}, "stage1")
+    monitor.corrected({0: corrected(10, 2, 1, split_tp=2, split_fp=0, split_fn=0, split_tn=8)}, "stage1")
+    monitor.corrected({0: corrected(10, 1, 0)}, "stage2")  # stage 2 splits nothing
     assert monitor.split == {0: dict(zip(SPLIT_KEYS, (2, 0, 0, 8), strict=True))}
     (row,) = monitor.client_rows()
     assert [row[key] for key in SPLIT_KEYS] == [2, 0, 0, 8]
