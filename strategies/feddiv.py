@@ -201,8 +201,8 @@ class FedDiv(FedAvg):
     # A client's noise filter is a 2-component mixture of its per-sample losses.
     min_client_samples = 2
 
-    def __init__(self, settings: FedDivSettings, context: StrategyContext, stage: str | None = None) -> None:
-        super().__init__(settings, context, stage or MAIN)
+    def __init__(self, settings: FedDivSettings, context: StrategyContext) -> None:
+        super().__init__(settings, context)
         self.num_rounds = settings.main_rounds_under(context.comm_budget, context.num_clients)
         self.warmup_rounds = settings.warmup_rounds(context.num_clients)
         self.ins = settings.client_ins(context.iid, context.seed, context.truth is not None)
