@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import os
+import signal
 
 import pytest
 
@@ -19,6 +20,16 @@ def one_torch_thread() -> None:
     import torch
 
     torch.set_num_threads(1)
+
+
+@pytest.fixture(autouse=True, scope="session")
+def terminal_sigint():
+    """SIGINT as under a terminal, even in a test run started with it ignored (a script's background
+    job): the Ctrl-C handling keeps an ignored SIGINT ignored, and every child process (sim.py in the
+    e2e tests) would inherit it so."""
+    handler = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, handler)
 
 
 @pytest.fixture(autouse=True, scope="session")

@@ -97,7 +97,6 @@ def test_the_result_files_hold_stage_3s_and_fedcorrs_own():
     assert files["stage3.npz"]["kept"].tolist() == [0, 1, 2] and files["confusion.npz"]["clients"].tolist() == [2]
 
 
-
 def test_stage_3s_own_queries_wait_the_runs_round_timeout(run_inprocess, monkeypatch):
     from grid import LocalGrid
 
@@ -119,9 +118,14 @@ def test_stage_3s_own_queries_wait_the_runs_round_timeout(run_inprocess, monkeyp
 ARRAYS = ArrayRecord({"w": Array(np.zeros(2, np.float32))})
 
 
+def in_stage_2(strategy: FedCorr, clean: list[int]) -> FedCorr:
+    """``strategy`` at the start of its finetuning rounds, with ``clean`` as S_c."""
+    strategy.stage, strategy.clean, strategy._finetune_left = FINETUNE, clean, strategy.settings.t2
+    return strategy
+
+
 def test_finetuning_rounds_carry_the_learners_schedule_from_stage_2s_first_round(flower_identity):
-    strategy = fedcorr("strategy.train.learner=lsr", "strategy.train.lsr.warmup_rounds=4")
-    strategy.stage, strategy.clean, strategy._finetune_left = FINETUNE, [0, 1, 2, 3], strategy.settings.t2
+    strategy = in_stage_2(fedcorr("strategy.train.learner=lsr", "strategy.train.lsr.warmup_rounds=4"), [0, 1, 2, 3])
     gamma = strategy.settings.train.lsr.gamma
     weights = []
     for server_round in range(31, 36):  # the smoke preset's five stage-2 rounds
@@ -145,7 +149,7 @@ def test_a_stage_1_reply_without_the_rounds_shape_or_a_lid_score_is_refused_nami
         flower_identity, arrays, lid, refusal):
     strategy = fedcorr()
     (sent,) = strategy.configure_train(1, ARRAYS, ConfigRecord(), None)  # m1 = 1: one client a round
-    pid = strategy.partition_of_reply(stage1_answer(sent, ARRAYS, 4.0))
+    pid = strategy.federation.partition_of(sent.metadata.dst_node_id)
     with pytest.raises(ClientFailure, match=rf"^client {pid} sent a bad message: {refusal}"):
         strategy.aggregate_train(1, [stage1_answer(sent, arrays, lid)])
 
@@ -166,8 +170,7 @@ def test_stage_1_trains_with_fedcorrs_own_mixup_and_proximal_norm(flower_identit
 
 
 def test_a_finetuning_round_averages_its_replies_and_logs_their_mean_loss(flower_identity):
-    strategy = fedcorr()
-    strategy.stage, strategy.clean, strategy._finetune_left = FINETUNE, [0, 1, 2, 3], strategy.settings.t2
+    strategy = in_stage_2(fedcorr(), [0, 1, 2, 3])
     sent = list(strategy.configure_train(31, ARRAYS, ConfigRecord(), None))
     assert len(sent) == 3, "frac2 N = 3 of the 4 clean clients"
     _, metrics = strategy.aggregate_train(31, [answer(m, loss) for m, loss in zip(sent, (0.2, 0.4, 0.9), strict=True)])
@@ -190,8 +193,7 @@ def stage1_iterations(strategy: FedCorr, *lids: Callable[[int], float], grid: An
     rounds = range(1, 10 * len(lids) + 1)
     for server_round in rounds:
         (sent,) = strategy.configure_train(server_round, ARRAYS, ConfigRecord(), grid)
-        pid = strategy.partition_of_reply(stage1_answer(sent, ARRAYS, 0.0))
-        lid = lids[(server_round - 1) // 10](pid)
+        lid = lids[(server_round - 1) // 10](strategy.federation.partition_of(sent.metadata.dst_node_id))
         strategy.aggregate_train(server_round, [stage1_answer(sent, ARRAYS, lid)])
     strategy.configure_train(rounds[-1] + 1, ARRAYS, ConfigRecord(), grid)
 

@@ -33,11 +33,9 @@ def test_a_run_stopped_before_its_first_checkpoint_starts_again(tmp_path):
 
 @pytest.fixture
 def interrupts():
-    """``handle_interrupts`` for one test, in a process whose SIGINT is Python's usual one (pytest
-    started as a script's background job inherits it ignored); puts back the SIGINT handler, the
-    unraisable hook and Flower's log as they were."""
+    """``handle_interrupts`` for one test; puts back the SIGINT handler, the unraisable hook and Flower's
+    log as they were."""
     handler, hook, muted = signal.getsignal(signal.SIGINT), sys.unraisablehook, logging.getLogger("flwr").disabled
-    signal.signal(signal.SIGINT, signal.default_int_handler)
     yield handle_interrupts
     signal.signal(signal.SIGINT, handler)
     sys.unraisablehook = hook

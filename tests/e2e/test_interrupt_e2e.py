@@ -16,7 +16,6 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-import pytest
 from commands import REPO, group_alive, sim
 
 from common.run_files import read_rounds
@@ -25,15 +24,6 @@ STOP_WITHIN = 30  # seconds from SIGINT to the command's end (Ray's shutdown und
 START_TIMEOUT = 600
 SMOKE = ["experiment=smoke", "strategy=fedavg", "strategy.train.epochs=1", "strategy.num_rounds=20",
          "server.checkpoint_every=2"]
-
-
-@pytest.fixture(autouse=True)
-def terminal_sigint():
-    """sim.py gets SIGINT as from a terminal even when these tests run in a process started with SIGINT
-    ignored (a script's background job), whose children would all inherit it ignored."""
-    handler = signal.signal(signal.SIGINT, signal.default_int_handler)
-    yield
-    signal.signal(signal.SIGINT, handler)
 
 
 def interrupted(args: list[str], log: Path, ready: Callable[[str], bool], signals: int = 1,
