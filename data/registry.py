@@ -14,6 +14,7 @@ from common.validation import Constraint
 class _Entry:
     func: Callable[..., Any]
     rules: Mapping[str, Constraint]
+    check: Callable[[Mapping[str, Any]], None] | None
 
 
 class Registry:
@@ -26,9 +27,11 @@ class Registry:
         self.kind = kind
         self._entries: dict[str, _Entry] = {}
 
-    def add(self, name: str, func: Callable[..., Any], rules: Mapping[str, Constraint] | None = None) -> None:
-        """Register ``func`` under ``name``; ``rules`` declares every parameter it takes and what is allowed."""
-        self._entries[name] = _Entry(func, dict(rules or {}))
+    def add(self, name: str, func: Callable[..., Any], rules: Mapping[str, Constraint] | None = None,
+            check: Callable[[Mapping[str, Any]], None] | None = None) -> None:
+        """Register ``func`` under ``name``; ``rules`` declares every parameter it takes and what is allowed;
+        ``check`` (given the parameters once each passed its rule) refuses what involves several of them."""
+        self._entries[name] = _Entry(func, dict(rules or {}), check)
 
     def rules(self, name: str) -> Mapping[str, Constraint]:
         """Every parameter ``name`` takes and its constraint."""
@@ -52,6 +55,9 @@ class Registry:
             raise ConfigError(f"{self.kind}={name} needs {', '.join(f'{self.kind}.{k}' for k in missing)}")
         for key, constraint in rules.items():
             constraint.check(f"{self.kind}.{key}", params.get(key))
+        together = self._entries[name].check
+        if together is not None:
+            together(params)
 
     def params(self, name: str, params: Mapping[str, Any]) -> dict[str, Any]:
         """The parameters ``name`` takes, picked out of ``params`` (other keys are ignored; an absent

@@ -22,11 +22,12 @@ from common.atomic_files import read_npz, write_npz
 from common.errors import ConfigError, SceneError
 from common.seeding import rng_for
 from common.validation import Checked, Flag, FolderPath, Interval, option
-from data.noise import NOISE_MODELS, add_noise
+from data.noise import NOISE_MODELS, SceneLabels, add_noise
 from data.partition import PARTITIONERS, partition
 from data.sources import check_dataset_name, load_dataset
 from data.sources import check_root as check_dataset_root
 from data.sources.base import Dataset
+from data.sources.cifar_n import check_label_set, human_labels
 
 SCENE_FILE = "scene.npz"
 FORMAT_VERSION = 1
@@ -283,6 +284,16 @@ class SceneSpec(Checked):
             raise ConfigError(
                 f"noise={self.noise.name} on clothing1m: its labels already carry real noise; use noise=none"
             )
+        if self.noise.name == "human":
+            check_label_set(self.dataset.name, self.noise.params["labels"])
+
+    def label_sets(self, dataset: Dataset) -> dict[str, np.ndarray]:
+        """The label sets the noise model reads beside the dataset's own, by name: for ``human``, the
+        human labels it names (read from the CIFAR-N file in the dataset root); none otherwise."""
+        if self.noise.name != "human":
+            return {}
+        which = self.noise.params["labels"]
+        return {which: human_labels(dataset, which, self.dataset.root, self.dataset.cache_dir)}
 
     @classmethod
     def build(cls, dataset: DatasetSource, num_clients: int, seed: int,
@@ -316,15 +327,22 @@ def _set(params: Mapping[str, Any]) -> dict[str, Any]:
     return {key: value for key, value in params.items() if value is not None}
 
 
-def dataset_fingerprint(dataset: Dataset) -> dict[str, Any]:
-    """What identifies the training data a scene indexes into, so a scene is never applied to other data."""
-    labels = np.ascontiguousarray(dataset.train.labels, dtype=np.int64)
-    return {
+def _sha256(labels: np.ndarray) -> str:
+    return hashlib.sha256(np.ascontiguousarray(labels, dtype=np.int64).tobytes()).hexdigest()
+
+
+def dataset_fingerprint(dataset: Dataset, label_sets: Mapping[str, np.ndarray] | None = None) -> dict[str, Any]:
+    """What identifies the training data a scene indexes into, so a scene is never applied to other data:
+    with the label sets its noise model reads (``SceneSpec.label_sets``), theirs too."""
+    fingerprint: dict[str, Any] = {
         "name": dataset.name,
         "num_train": len(dataset.train),
         "num_classes": dataset.num_classes,
-        "labels_sha256": hashlib.sha256(labels.tobytes()).hexdigest(),
+        "labels_sha256": _sha256(dataset.train.labels),
     }
+    if label_sets:
+        fingerprint["label_sets_sha256"] = {name: _sha256(labels) for name, labels in sorted(label_sets.items())}
+    return fingerprint
 
 
 def check_dataset_matches(spec: SceneSpec, dataset: Dataset) -> None:
@@ -341,17 +359,17 @@ def check_dataset_matches(spec: SceneSpec, dataset: Dataset) -> None:
         )
 
 
-def build_scene(spec: dict[str, Any], dataset: Dataset) -> Scene:
-    """Draw the partition and the label noise described by ``spec`` (with its dataset fingerprint)."""
+def build_scene(spec: dict[str, Any], dataset: Dataset, label_sets: Mapping[str, np.ndarray] | None = None) -> Scene:
+    """Draw the partition and the label noise described by ``spec`` (with its dataset fingerprint);
+    ``label_sets``: what ``SceneSpec.label_sets`` read for the noise model, over the training split."""
     seed, num_clients = spec["seed"], spec["num_clients"]
     shipped = dataset.train.labels
     parts = partition(spec["partition"]["name"], shipped, num_clients, rng_for(seed, "partition"), spec["partition"])
     indices = np.concatenate(parts).astype(np.int64)
     client = np.repeat(np.arange(num_clients, dtype=np.int64), [part.size for part in parts])
-    noisy = add_noise(
-        spec["noise"]["name"], shipped[indices].astype(np.int64), client, num_clients,
-        dataset.num_classes, rng_for(seed, "noise"), spec["noise"],
-    )
+    given = SceneLabels(shipped[indices].astype(np.int64), client, num_clients, dataset.num_classes,
+                        {name: labels[indices] for name, labels in (label_sets or {}).items()})
+    noisy = add_noise(spec["noise"]["name"], given, rng_for(seed, "noise"), spec["noise"])
     true_labels = np.asarray(dataset.train.true_labels)[indices].astype(np.int64)
     return Scene(spec, indices, client, noisy.labels, true_labels, noisy.level.astype(np.float64))
 
@@ -362,11 +380,12 @@ def planned_scene(spec: SceneSpec, out_dir: str | Path) -> tuple[Scene, Dataset,
     so a command can check what a run needs of its clients before any work."""
     dataset = spec.dataset.load()
     check_dataset_matches(spec, dataset)
-    stored = spec.stored(dataset_fingerprint(dataset))
+    label_sets = spec.label_sets(dataset)
+    stored = spec.stored(dataset_fingerprint(dataset, label_sets))
     path = Path(out_dir) / SCENE_FILE
     if path.exists():
         return Scene.load(path, expected_spec=stored), dataset, True
-    return build_scene(stored, dataset), dataset, False
+    return build_scene(stored, dataset, label_sets), dataset, False
 
 
 def prepare_scene(spec: SceneSpec, out_dir: str | Path) -> tuple[Scene, Dataset, bool]:

@@ -17,12 +17,13 @@ from data.scene import Scene
 class GroundTruth:
     """What the scene knows about its labels.
 
-    noisy_clients: clients the noise model made noisy (level > 0).
+    noisy_clients: clients the noise model made noisy (level > 0; under CIFAR-N's human labels, the
+        clients that took them and whose labels changed).
     true_noise: each client's share of wrong labels at the start, over its samples with a known true
         label (NaN for a client with none); sizes: local set sizes; known: per client, how many of
         its samples have a known true label.
-    real_noise: the labels the dataset ships are noisy themselves (Clothing1M, CIFAR-N): some true
-        labels are unknown, or a client the noise model left clean has wrong labels. Then no client
+    real_noise: the labels the dataset ships are noisy themselves (Clothing1M): some true labels are
+        unknown, or a client the noise model left clean has wrong labels. Then no client
         is noisy "by construction", and there is no ground truth of noisy clients to score detection.
     """
 

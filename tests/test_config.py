@@ -15,7 +15,7 @@ def test_defaults_are_the_fedcorr_fashion_mnist_scene():
 @pytest.mark.parametrize("group", ["partition", "noise"])
 def test_every_preset_of_a_group_is_valid(group):
     for option in group_options(group):
-        dataset = "clothing1m" if option == "none" else "digits"
+        dataset = {"none": "clothing1m", "human": "cifar10"}.get(option, "digits")
         spec = run_settings(compose_config([f"{group}={option}", f"dataset={dataset}"])).scene
         assert getattr(spec, group).name == option
 
@@ -64,7 +64,8 @@ def test_folder_names_are_plain_words():
     "override,message",
     [
         ("dataset=mnist",
-         r"dataset='mnist' is invalid: allowed are cifar10, cifar100, clothing1m, digits, fashion_mnist"),
+         r"dataset='mnist' is invalid: allowed are cifar10, cifar100, cifar100_coarse, clothing1m, digits, "
+         r"fashion_mnist"),
         ("noise=label_swap", r"noise='label_swap' is invalid"),
         ("noise.bogus=1", r"Could not override 'noise.bogus'"),
         ("seed", r"bad override"),

@@ -129,7 +129,8 @@ def test_client_slice_matches_the_scene(tmp_path, digits):
 @pytest.mark.parametrize(
     "override,message",
     [
-        ("dataset=imagenet", "dataset='imagenet' is invalid: allowed are cifar10, cifar100, clothing1m, digits"),
+        ("dataset=imagenet",
+         "dataset='imagenet' is invalid: allowed are cifar10, cifar100, cifar100_coarse, clothing1m, digits"),
         ("noise.rho=1.5", "noise.rho=1.5 is invalid"),
         ("noise.tau=-0.1", "noise.tau=-0.1 is invalid"),
         ("partition=fedcorr_noniid partition.p=0", "partition.p=0 is invalid"),

@@ -109,12 +109,12 @@ def cache(tmp_path: Path) -> Path:
 
 
 def test_unknown_dataset_names_the_bad_name_and_the_allowed_ones() -> None:
-    allowed = "fashion_mnist, cifar10, cifar100, clothing1m, digits"
+    allowed = "fashion_mnist, cifar10, cifar100, cifar100_coarse, clothing1m, digits"
     with pytest.raises(ConfigError, match=f"'mnist'.*{allowed}"):
         check_dataset_name("mnist")
     with pytest.raises(ConfigError, match="dataset=.Fashion-MNIST. is invalid"):
         load_dataset("Fashion-MNIST")
-    assert DATASET_NAMES == ("fashion_mnist", "cifar10", "cifar100", "clothing1m", "digits")
+    assert DATASET_NAMES == ("fashion_mnist", "cifar10", "cifar100", "cifar100_coarse", "clothing1m", "digits")
 
 
 # --- Fashion-MNIST (IDX) --------------------------------------------------------------------------

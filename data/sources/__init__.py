@@ -7,7 +7,7 @@ from collections.abc import Callable
 
 from common.errors import ConfigError, InvalidValue
 from data.sources.base import Dataset, ImageArray, Split
-from data.sources.cifar import load_cifar10, load_cifar100
+from data.sources.cifar import load_cifar10, load_cifar100, load_cifar100_coarse
 from data.sources.clothing1m import load_clothing1m
 from data.sources.digits import load_digits
 from data.sources.fashion_mnist import SYSTEM_DIR as FASHION_MNIST_SYSTEM_DIR
@@ -24,6 +24,7 @@ _LOADERS: dict[str, Loader] = {
     "fashion_mnist": load_fashion_mnist,
     "cifar10": load_cifar10,
     "cifar100": load_cifar100,
+    "cifar100_coarse": load_cifar100_coarse,
     "clothing1m": load_clothing1m,
     "digits": load_digits,
 }
@@ -36,6 +37,7 @@ _WITHOUT_ROOT: dict[str, str] = {
     "fashion_mnist": f"the lookup order: {FASHION_MNIST_SYSTEM_DIR}, then {_DOWNLOADS}",
     "cifar10": _DOWNLOADS,
     "cifar100": _DOWNLOADS,
+    "cifar100_coarse": _DOWNLOADS,
 }
 # The sources that are never downloaded.
 _ROOT_ALLOWED: dict[str, str] = {

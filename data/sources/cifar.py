@@ -1,10 +1,11 @@
-"""CIFAR-10 and CIFAR-100 from the python-version archives, in torchvision's on-disk layout."""
+"""CIFAR-10 and CIFAR-100 (its 100 classes or its 20 superclasses) from the python-version archives, in
+torchvision's on-disk layout."""
 
 from __future__ import annotations
 
 import os
 import pickle
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -65,6 +66,9 @@ CIFAR100 = _Layout(
     archive_url="https://www.cs.toronto.edu/~kriz/cifar-100-python.tar.gz",
     torchvision_class="CIFAR100",
 )
+# The same archive labelled by its 20 superclasses (CIFAR-100N's coarse human labels relabel these).
+CIFAR100_COARSE = replace(CIFAR100, name="cifar100_coarse", labels_key=b"coarse_labels",
+                          names_key=b"coarse_label_names", num_classes=20)
 
 
 def load_cifar10(
@@ -85,6 +89,16 @@ def load_cifar100(
 ) -> Dataset:
     """CIFAR-100 from ``root/cifar-100-python`` (fine labels): uint8 images (3, 32, 32)."""
     return _load(CIFAR100, root, download, cache_dir)
+
+
+def load_cifar100_coarse(
+    root: str | os.PathLike[str] | None = None,
+    *,
+    download: bool = False,
+    cache_dir: str | os.PathLike[str] | None = None,
+) -> Dataset:
+    """CIFAR-100 from ``root/cifar-100-python`` labelled by its 20 superclasses (coarse labels)."""
+    return _load(CIFAR100_COARSE, root, download, cache_dir)
 
 
 def _load(
