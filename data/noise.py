@@ -11,7 +11,7 @@ chosen clients the labels human annotators gave (CIFAR-N) in place of the datase
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from fractions import Fraction
 from typing import Any
 
@@ -64,10 +64,13 @@ class NoisyLabels:
         or for human labels the client's share of them that differ); the realised rate can be lower
         when a chosen sample may keep its true label (FedCorr's draw from all classes, a class a class
         map leaves out).
+    kind: per-client kind of noise where the model deals several (``mixed``; "" for a clean client),
+        else empty.
     """
 
     labels: np.ndarray
     level: np.ndarray
+    kind: tuple[str, ...] = ()
 
 
 def _relabel(
@@ -213,10 +216,11 @@ def mixed(
     rates = _levels(given, rng, rho, tau)
     noisy = np.flatnonzero(rates > 0)
     dealt = rng.permutation(np.repeat(list(used), _apportion(list(used.values()), noisy.size)))
-    ways = [""] * given.num_clients
+    kinds = [""] * given.num_clients
     for k, kind in zip(noisy, dealt):
-        ways[k] = _way(str(kind), direction)
-    return _per_client(given, rates, given.num_classes, rng, ways)
+        kinds[k] = str(kind)
+    out = _per_client(given, rates, given.num_classes, rng, [_way(kind, direction) for kind in kinds])
+    return replace(out, kind=tuple(kinds))
 
 
 def _shares_sum_to_one(params: Mapping[str, Any]) -> None:

@@ -22,7 +22,7 @@ from common.atomic_files import read_npz, write_npz
 from common.errors import ConfigError, SceneError
 from common.seeding import rng_for
 from common.validation import Checked, Flag, FolderPath, Interval, option
-from data.noise import NOISE_MODELS, SceneLabels, add_noise
+from data.noise import MIXED_KINDS, NOISE_MODELS, SceneLabels, add_noise
 from data.partition import PARTITIONERS, partition
 from data.sources import check_dataset_name, load_dataset
 from data.sources import check_root as check_dataset_root
@@ -52,6 +52,8 @@ class Scene:
     client: client id of each sample (non-decreasing).
     noisy_labels: the labels clients train on; true_labels: the correct ones (-1 where unknown).
     noise_level: per-client noise level the noise model was asked for (FedCorr's mu_k).
+    noise_kind: per-client kind of noise where the model deals several (``mixed``; "" for a clean
+        client), else empty; a scene file stores it only then, so other scenes keep their bytes.
     """
 
     spec: dict[str, Any]
@@ -60,6 +62,7 @@ class Scene:
     noisy_labels: np.ndarray
     true_labels: np.ndarray
     noise_level: np.ndarray
+    noise_kind: tuple[str, ...] = ()
 
     @property
     def num_clients(self) -> int:
@@ -98,6 +101,8 @@ class Scene:
         """Write the scene to ``path`` (same scene, same bytes; never a half-written file)."""
         arrays = {name: getattr(self, name) for name in _PER_SAMPLE}
         arrays["noise_level"] = self.noise_level
+        if self.noise_kind:
+            arrays["noise_kind"] = np.array(self.noise_kind, dtype=str)
         arrays["spec"] = np.array(canonical_json(self.spec))
         write_npz(path, arrays)
 
@@ -135,8 +140,9 @@ class Scene:
         if not isinstance(spec, dict) or spec.get("format") != FORMAT_VERSION:
             raise ValueError(f"spec is not a format-{FORMAT_VERSION} scene spec")
         _check_contents(spec, arrays)
+        kinds = tuple(str(kind) for kind in arrays["noise_kind"]) if "noise_kind" in arrays else ()
         return cls(spec, indices=arrays["indices"], client=arrays["client"], noisy_labels=arrays["noisy_labels"],
-                   true_labels=arrays["true_labels"], noise_level=arrays["noise_level"])
+                   true_labels=arrays["true_labels"], noise_level=arrays["noise_level"], noise_kind=kinds)
 
 
 def _stored_value(spec: dict[str, Any], key: str) -> Any:
@@ -203,6 +209,19 @@ def _check_contents(spec: dict[str, Any], arrays: dict[str, np.ndarray]) -> None
     bad = np.flatnonzero(~((level >= 0) & (level <= 1)))  # NaN fails both comparisons
     if bad.size:
         raise _BadContents(f"noise level {level[bad[0]]} of client {bad[0]} is not a number in [0, 1]")
+    if "noise_kind" in arrays:
+        _check_kinds(arrays["noise_kind"], level)
+
+
+def _check_kinds(kinds: np.ndarray, level: np.ndarray) -> None:
+    """One known kind per noisy client and none for a clean one."""
+    if kinds.dtype.kind != "U" or kinds.shape != level.shape:
+        raise _BadContents(f"noise_kind has dtype {kinds.dtype} and shape {kinds.shape}, not one name per client")
+    for k, kind in enumerate(kinds.tolist()):
+        if level[k] > 0 and kind not in MIXED_KINDS:
+            raise _BadContents(f"noise kind {kind!r} of noisy client {k} is not one of {', '.join(MIXED_KINDS)}")
+        if level[k] == 0 and kind:
+            raise _BadContents(f"clean client {k} has noise kind {kind!r}")
 
 
 def canonical_json(obj: Any) -> str:
@@ -371,7 +390,7 @@ def build_scene(spec: dict[str, Any], dataset: Dataset, label_sets: Mapping[str,
                         {name: labels[indices] for name, labels in (label_sets or {}).items()})
     noisy = add_noise(spec["noise"]["name"], given, rng_for(seed, "noise"), spec["noise"])
     true_labels = np.asarray(dataset.train.true_labels)[indices].astype(np.int64)
-    return Scene(spec, indices, client, noisy.labels, true_labels, noisy.level.astype(np.float64))
+    return Scene(spec, indices, client, noisy.labels, true_labels, noisy.level.astype(np.float64), noisy.kind)
 
 
 def planned_scene(spec: SceneSpec, out_dir: str | Path) -> tuple[Scene, Dataset, bool]:

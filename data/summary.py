@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections import Counter
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -22,13 +23,18 @@ def per_client_classes(scene: Scene) -> np.ndarray:
 
 
 def format_summary(scene: Scene) -> str:
-    """A table of n, classes, requested noise level and realised noise per client, then totals."""
+    """A table of n, classes, requested noise level and realised noise per client (and its kind of noise
+    where the model deals several), then totals."""
     sizes = scene.client_sizes()
     classes = per_client_classes(scene)
     noise = scene.true_noise_rate()
-    lines = [f"{'client':>6} {'n':>7} {'classes':>7} {'level':>6} {'true_noise':>10}"]
+    kinds = scene.noise_kind
+    width = max((len(kind) for kind in kinds), default=0)
+    header = f"{'client':>6} {'n':>7} {'classes':>7} {'level':>6} {'true_noise':>10}"
+    lines = [f"{header}  kind" if kinds else header]
     for k in range(scene.num_clients):
-        lines.append(f"{k:>6} {sizes[k]:>7} {classes[k]:>7} {scene.noise_level[k]:>6.3f} {noise[k]:>10.3f}")
+        row = f"{k:>6} {sizes[k]:>7} {classes[k]:>7} {scene.noise_level[k]:>6.3f} {noise[k]:>10.3f}"
+        lines.append(f"{row}  {kinds[k] or '-':<{width}}".rstrip() if kinds else row)
     known = scene.true_labels >= 0
     overall = float(np.mean(scene.noisy_labels[known] != scene.true_labels[known])) if known.any() else float("nan")
     spec = scene.spec
@@ -40,4 +46,7 @@ def format_summary(scene: Scene) -> str:
         f"noisy clients (true noise > 0): {int(np.sum(noise > 0))}/{scene.num_clients}; "
         f"label noise over all samples: {overall:.4f}",
     ]
+    if kinds:
+        dealt = Counter(kind for kind in kinds if kind)
+        lines.append("noisy clients by kind: " + ", ".join(f"{kind} {count}" for kind, count in sorted(dealt.items())))
     return "\n".join(lines)

@@ -271,6 +271,7 @@ def test_mixed_deals_its_noisy_clients_to_the_kinds_in_exact_shares():
     assert 0.5 < noisy.size / 200 < 0.7 and np.all((out.level[noisy] >= 0.5) & (out.level[noisy] <= 1))
     seen = kinds_seen(out, labels, client, 200)
     assert all(seen[k] == "" for k in range(200) if k not in noisy), "a clean client keeps its labels"
+    assert out.kind == tuple({"other": "symmetric", "down": "pairflip", "": ""}[way] for way in seen)
     counts = {kind: sum(seen[k] == kind for k in noisy) for kind in ("other", "down")}
     quarter = noisy.size / 4
     assert counts["other"] in (int(quarter), int(quarter) + 1) and counts["other"] + counts["down"] == noisy.size

@@ -1,3 +1,4 @@
+import json
 from pathlib import Path
 
 import numpy as np
@@ -161,3 +162,50 @@ def test_a_bare_npy_file_is_not_a_scene(tmp_path):
         np.save(out, np.arange(5))
     with pytest.raises(SceneError, match="is corrupt .*not an .npz"):
         Scene.load(tmp_path / SCENE_FILE)
+
+
+MIXED = ("noise=mixed", "noise.rho=0.8", "noise.symmetric=0.5", "noise.pairflip=null", "noise.fmnist_asym=0.5")
+
+
+def test_a_mixed_scene_keeps_each_clients_kind_and_prints_it(tmp_path, capsys):
+    import scene as scene_command
+
+    scene, _, _ = prepare(cfg_for(tmp_path, *MIXED))
+    noisy = scene.noise_level > 0
+    assert all(bool(kind) == noisy[k] for k, kind in enumerate(scene.noise_kind))
+    assert {kind for kind in scene.noise_kind if kind} == {"symmetric", "fmnist_asym"}
+    for k, kind in enumerate(scene.noise_kind):
+        changed = (scene.noisy_labels != scene.true_labels)[scene.rows(k)]
+        moved = set(zip(scene.true_labels[scene.rows(k)][changed].tolist(),
+                        scene.noisy_labels[scene.rows(k)][changed].tolist()))
+        if kind == "fmnist_asym":
+            assert moved <= {(0, 6), (6, 0), (2, 4), (5, 7), (9, 7)}
+    reloaded = Scene.load(tmp_path / SCENE_FILE)
+    assert reloaded.noise_kind == scene.noise_kind
+    prepare(cfg_for(tmp_path / "plain"))
+    with np.load(tmp_path / "plain" / SCENE_FILE) as plain:
+        assert "noise_kind" not in plain.files, "a model that deals no kinds stores none: older scenes keep their bytes"
+    assert scene_command.main([f"out_dir={tmp_path}", "dataset=digits", "num_clients=10", *MIXED]) == 0
+    printed = capsys.readouterr().out
+    header, first = printed.splitlines()[:2]
+    assert header.endswith("  kind") and first.split()[-1] == (scene.noise_kind[0] or "-")
+    dealt = [kind for kind in scene.noise_kind if kind]
+    assert (f"noisy clients by kind: fmnist_asym {dealt.count('fmnist_asym')}, symmetric {dealt.count('symmetric')}"
+            in printed)
+
+
+@pytest.mark.parametrize("kinds,message", [
+    (lambda kinds, level: np.array(kinds[:-1]),
+     r"noise_kind has dtype <U\d+ and shape \(9,\), not one name per client"),
+    (lambda kinds, level: np.where(level > 0, "pairflip2", kinds), r"noise kind 'pairflip2' of noisy client \d is not "
+                                                                    r"one of symmetric, pairflip"),
+    (lambda kinds, level: np.where(level == 0, "symmetric", kinds), r"clean client \d has noise kind 'symmetric'"),
+])
+def test_a_scene_with_bad_noise_kinds_is_invalid(tmp_path, kinds, message):
+    scene, _, _ = prepare(cfg_for(tmp_path, *MIXED))
+    arrays = {name: getattr(scene, name) for name in ("indices", "client", "noisy_labels", "true_labels",
+                                                      "noise_level")}
+    bad = kinds(np.array(scene.noise_kind), scene.noise_level)
+    write_npz(tmp_path / "bad.npz", {**arrays, "noise_kind": bad, "spec": np.array(json.dumps(scene.spec))})
+    with pytest.raises(SceneError, match=f"is invalid: {message}"):
+        Scene.load(tmp_path / "bad.npz")
