@@ -370,3 +370,21 @@ def test_time_saved_is_the_sources_stages_12_time_less_the_slower_first_round_of
     assert "    30.0 s  ran        out/a" in out and "     9.0 s  inherited  out/b" in out
     runs.print_time_saved(runs.Ledger([source]))  # nothing planned to share: nothing printed
     assert capsys.readouterr().out == ""
+
+
+def test_field_bench_ranks_each_papers_methods_against_ours_of_the_same_methods():
+    ours = {"best_acc": {"fedavg": 0.85, "fedprox": 0.75, "fedcorr": 0.88, "feddiv": 0.86, "fedes": None},
+            "last10_mean_acc": {"fedavg": 0.84, "fedprox": 0.74, "fedcorr": 0.87, "feddiv": 0.80, "fedes": None}}
+    assert field_bench.rank_lines("corr-iid", ours) == [
+        "  FedCorr Table 2: paper fedcorr > fedprox > fedavg",
+        "                   ours (best) fedcorr > fedavg > fedprox  (differs)",
+        "                   ours (last-10) fedcorr > fedavg > fedprox  (differs)",
+        "  FedDiv Table 1: paper feddiv > fedcorr > fedavg",
+        "                  ours (best) fedcorr > feddiv > fedavg  (differs)",
+        "                  ours (last-10) fedcorr > fedavg > feddiv  (differs)",
+    ]
+    agreeing = {key: {"fedavg": 0.5, "fednoro": 0.6, "fedes": 0.7} for key in ours}
+    assert field_bench.rank_lines("es-sym0.5", agreeing)[1:] == [
+        "                 ours (best) fedes > fednoro > fedavg",
+        "                 ours (last-10) fedes > fednoro > fedavg"]
+    assert field_bench.rank_lines("es-sym0.5", {key: {"fedavg": 0.5} for key in ours}) == [], "one method: no order"
