@@ -14,8 +14,9 @@ Cells (100 clients, LeNet-5, experiment=fmnist):
   docs/fedes.md), IID.
 Every method spends ``--budget`` client participations (``comm_budget``) with its conf/ defaults:
 FedAvg, FedProx, FedLSR and FedNoRo 60 rounds of 10 clients; FedCorr T1 = 2, T2 = 20 and stage 3 the
-rest; FedDiv 2 warm-up iterations and 40 rounds; FedES s1 = 10 rounds, one all-client estimation
-round, then SeGD rounds. Prints best / final / last-10-round mean test accuracy per cell and each
+rest; FedDiv 2 warm-up iterations and 40 rounds, as its paper (feddiv) and with every switch at its
+released code's choice (feddiv_code, conf/strategy/feddiv_code.yaml); FedES s1 = 10 rounds, one
+all-client estimation round, then SeGD rounds. Prints best / final / last-10-round mean test accuracy per cell and each
 method's detection F1 against the ground truth (FedES: its quality estimate's MSE instead), then
 the papers' CIFAR-10 numbers for the same kind of cell, and per paper its order of the methods it
 reports beside ours of the same methods (by best and by last-10 accuracy). ``--budget`` sets the
@@ -53,7 +54,7 @@ from runs import (
 # Imported after runs, which puts the project root ahead of bench/ (whose data.py is not our package).
 from strategies.fedcorr import stage3_classes  # noqa: E402
 
-COLUMNS = ("fedavg", "fedprox", "fedcorr", "fedlsr", "fednoro", "feddiv", "fedes")
+COLUMNS = ("fedavg", "fedprox", "fedcorr", "fedlsr", "fednoro", "feddiv", "feddiv_code", "fedes")
 # FedCorr with another stage 3: columns on request, sharing the fedcorr column's stages 1-2.
 FEDCORR_WITH = tuple(f"fedcorr+{name}" for name in stage3_classes() if name != "fedavg")
 CHOICES = (*COLUMNS, *FEDCORR_WITH)
@@ -93,9 +94,15 @@ def cell_run(cell: str, column: str, seed: int, budget: int, experiment: str, ex
             f"seed={seed}", f"out_dir={outputs}/bench-field/{experiment}-budget{budget}/{cell}/seed{seed}/{column}"]
 
 
+def result_block(column: str) -> str:
+    """The results.json block of a column's method: ``fedcorr+poc`` -> fedcorr, ``feddiv_code`` (a
+    variant's conf file, ``<strategy>_<variant>.yaml``) -> feddiv."""
+    return column.partition("+")[0].partition("_")[0]
+
+
 def detection_f1(payload: dict[str, Any] | None, column: str) -> float | None:
     """The F1 of the clients a method treats as noisy against the truly noisy ones (None: no detection)."""
-    block = (payload or {}).get(column.partition("+")[0]) or {}
+    block = (payload or {}).get(result_block(column)) or {}
     detection = block.get("detection")
     return detection["f1"] if detection else None
 

@@ -286,6 +286,9 @@ def test_field_bench_fedcorr_columns_share_the_plain_fedcorr_runs_stages_12_per_
                        for seed in (1, 2) for column in ("fedcorr+poc", "fedcorr+feddyn")}
     assert set(field_bench.FEDCORR_WITH) <= set(field_bench.CHOICES) and "fedcorr+fedavg" not in field_bench.CHOICES
     assert field_bench.detection_f1({"fedcorr": {"detection": {"f1": 0.9}}}, "fedcorr+poc") == 0.9
+    assert field_bench.detection_f1({"feddiv": {"detection": {"f1": 0.7}}}, "feddiv_code") == 0.7
+    code = field_bench.cell_run("corr-iid", "feddiv_code", 1, 600, "fmnist", [])
+    assert compose_config(code).strategy.pcs_code_rules, "the column runs FedDiv with the released code's choices"
 
 
 def test_a_run_takes_stages_12_only_from_a_run_that_kept_its_own_stage_2_checkpoint(tmp_path, capsys):

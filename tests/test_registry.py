@@ -15,7 +15,7 @@ from client.plugins.base import ClientPlugin
 from client.plugins.registry import PLAIN, plugin, plugins
 from common.errors import UNSET, InvalidValue
 from common.validation import from_mapping
-from settings.compose import group_options
+from settings.compose import compose_config, group_options
 from strategies.base import FederatedStrategy
 from strategies.fedavg import FedAvg
 from strategies.fedcorr import FedCorrSettings, stage3_classes
@@ -23,8 +23,12 @@ from strategies.registry import StrategyPlan, names, plan_strategy, strategy_cla
 
 
 def test_every_strategy_is_one_class_in_the_file_named_after_it_with_its_conf_file():
-    assert names() and set(names()) == set(group_options("strategy")), \
+    assert names() and set(names()) <= set(group_options("strategy")), \
         "one conf/strategy/<name>.yaml per registered strategy"
+    # Any other file is a variant of one (strategy=feddiv_code): <name>_<variant>.yaml, naming that strategy.
+    for option in set(group_options("strategy")) - set(names()):
+        name = compose_config([f"strategy={option}"]).strategy.name
+        assert name in names() and option.startswith(f"{name}_"), f"conf/strategy/{option}.yaml is not a variant"
     for name, cls in strategy_classes().items():
         assert cls.__module__ == f"strategies.{name}"
         assert issubclass(cls, FederatedStrategy) and cls.name == name
