@@ -391,3 +391,37 @@ def test_field_bench_ranks_each_papers_methods_against_ours_of_the_same_methods(
         "                 ours (best) fedes > fednoro > fedavg",
         "                 ours (last-10) fedes > fednoro > fedavg"]
     assert field_bench.rank_lines("es-sym0.5", {key: {"fedavg": 0.5} for key in ours}) == [], "one method: no order"
+
+
+memorisation = load_bench("memorisation")
+
+
+def write_rounds(run: Path, accuracies: list[float | None], per_round: int = 10) -> Path:
+    run.mkdir(parents=True, exist_ok=True)
+    lines = ["round,stage,test_acc,test_loss,clients,comm_cost,train_loss,elapsed_s"]
+    lines += [f"{r},fedavg,{'' if acc is None else acc},0.5,1 2,{r * per_round},0.4,{r}.0"
+              for r, acc in enumerate(accuracies, start=1)]
+    (run / "rounds.csv").write_text("\n".join(lines) + "\n")
+    return run
+
+
+def test_memorisation_finds_the_budget_from_which_last_10_stays_under_the_earlier_best(tmp_path, capsys):
+    # Rising for 30 rounds to 0.80, flat to round 50, then falling 0.5 points a round to round 80.
+    curve = [0.5 + 0.01 * r for r in range(1, 31)] + [0.8] * 20 + [0.8 - 0.005 * r for r in range(1, 31)]
+    curve[40] = None  # a round that was not evaluated
+    points = memorisation.points(memorisation.read_rounds(write_rounds(tmp_path / "a", curve)), 100)
+    assert [p.budget for p in points] == [200, 300, 400, 500, 600, 700, 800]
+    assert points[1].drop < 0, "still rising: the last 10 lie above the best before them"
+    assert abs(points[-1].drop - 100 * (0.8 - (0.8 - 0.005 * 25.5))) < 1e-9 and points[-1].best_round == 30
+    drops = [(p.budget, p.drop) for p in points]
+    assert memorisation.fallen_from(drops, 2.0) == 600
+    assert memorisation.fallen_from([(1, 3.0), (2, 1.0), (3, 2.5)], 2.0) == 3, "fallen must stay fallen"
+    assert memorisation.fallen_from(drops, 50.0) is None
+    write_rounds(tmp_path / "b", [0.5 + 0.01 * r for r in range(1, 81)])
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(sys, "argv", ["memorisation.py", str(tmp_path / "a"), str(tmp_path / "b"), "--step", "200"])
+        memorisation.main()
+    out = capsys.readouterr().out
+    assert "memorisation budget (drop >= 2.0 points from there on): 600" in out
+    assert "memorisation budget (drop >= 2.0 points from there on): not reached" in out
+    assert "mean drop over the 2 runs: 200 " in out
