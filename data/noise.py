@@ -229,7 +229,7 @@ def _shares_sum_to_one(params: Mapping[str, Any]) -> None:
     if not used:
         raise InvalidValue(f"noise.{MIXED_KINDS[0]}", None, "allowed is a share in [0, 1]: mixed needs the share "
                            f"of at least one of {', '.join(MIXED_KINDS)}")
-    if Fraction(sum(Fraction(str(float(share))) for share in used.values())) != 1:
+    if sum(Fraction(str(float(share))) for share in used.values()) != 1:
         *others, last = used
         rest = ", ".join(f"{kind} {used[kind]}" for kind in others) or "no other kind"
         raise InvalidValue(f"noise.{last}", used[last], f"allowed is the share that makes the set shares sum to 1 "

@@ -51,7 +51,8 @@ class Scene:
     indices: dataset index (into the train split) of each sample.
     client: client id of each sample (non-decreasing).
     noisy_labels: the labels clients train on; true_labels: the correct ones (-1 where unknown).
-    noise_level: per-client noise level the noise model was asked for (FedCorr's mu_k).
+    noise_level: per-client noise level the noise model was asked for (FedCorr's mu_k; under human
+        labels, the share of the client's labels that changed).
     noise_kind: per-client kind of noise where the model deals several (``mixed``; "" for a clean
         client), else empty; a scene file stores it only then, so other scenes keep their bytes.
     """
