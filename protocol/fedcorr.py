@@ -23,6 +23,9 @@ MODES = ("stage1", "stage2")
 # Whose per-sample losses a step uses: the client's local model right after its stage-1 training, or
 # the global model the correction query carries.
 LOSS_MODELS = ("local", "global")
+# Which samples the end-of-stage-2 correction may relabel: every one (Sec. 3.3), or only the noisy
+# subset a loss GMM finds, as stage 1 does.
+STAGE2_ROWS = ("all", "noisy_subset")
 
 
 @dataclass(frozen=True)
@@ -56,6 +59,8 @@ class CorrectIns(Checked):
         round are stale (the client did not train in this iteration) and refused.
     seed: the run's seed (the client derives its loss-GMM seed from it and its partition id).
     diagnostics: return ground-truth counts where the node knows its true labels and allows sending them.
+    stage2_rows: which samples stage 2 may relabel: ``all`` (Sec. 3.3) or ``noisy_subset`` (those in
+        the high-loss component of a GMM on the global model's per-sample losses).
     """
 
     mode: str = option(Options(MODES))
@@ -67,6 +72,7 @@ class CorrectIns(Checked):
     losses_since: int = option(Interval(int, 0), default=0)
     seed: int = option(Interval(int, 0), default=0)
     diagnostics: bool = False
+    stage2_rows: str = option(Options(STAGE2_ROWS), default="all")
 
 
 @dataclass(frozen=True)

@@ -34,7 +34,7 @@ from common.errors import InvalidValue
 from common.mixture import GUARDS, high_component
 from common.validation import Checked, Flag, FolderPath, Interval, Options, from_mapping, option
 from protocol.codec import ProtocolError
-from protocol.fedcorr import CORRECT, LOSS_MODELS, PLUGIN, CorrectIns, CorrectRes, LidRes, Stage1Ins
+from protocol.fedcorr import CORRECT, LOSS_MODELS, PLUGIN, STAGE2_ROWS, CorrectIns, CorrectRes, LidRes, Stage1Ins
 from protocol.messages import TRAIN, TrainIns, instruction, read_extra, read_reply
 from strategies.base import FederatedStrategy, StrategySettings, TrainReply
 from strategies.context import StrategyContext
@@ -99,6 +99,8 @@ class FedCorrSettings(StrategySettings):
                                                      "local (Sec. 3.2) | global")
     rank_losses: str = option(Options(LOSS_MODELS), "whose losses pick the top pi of the noisy subset: "
                                                     "global (eq. 6) | local")
+    stage2_rows: str = option(Options(STAGE2_ROWS), "which samples the end-of-stage-2 correction may relabel: "
+                                                    "all (Sec. 3.3) | noisy_subset (a loss GMM's, as stage 1)")
     client_split_guard: str = option(Options(GUARDS), "none (the paper: always split) | bic | separation")
     stage1_eval: str = option(Options(STAGE1_EVAL), "when the server evaluates the global model in stage 1: "
                                                     "round (after every round) | iteration (after each "
@@ -459,7 +461,7 @@ class FedCorr(FederatedStrategy):
         ins = CorrectIns(mode=mode, pi=s.pi, theta=s.theta, relabel=s.ablation.correction,
                          split_losses=s.split_losses, rank_losses=s.rank_losses,
                          losses_since=self._iteration_start, seed=self.context.seed,
-                         diagnostics=self.context.truth is not None)
+                         diagnostics=self.context.truth is not None, stage2_rows=s.stage2_rows)
         content = instruction(ins, arrays=arrays)
 
         def read(reply: RecordDict, sender: str) -> CorrectRes:

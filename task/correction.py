@@ -114,13 +114,20 @@ def stage1_relabel(
 
 
 def stage2_relabel(
-    labels: np.ndarray, probabilities: np.ndarray, *, theta: float
+    labels: np.ndarray, probabilities: np.ndarray, *, theta: float, rows: np.ndarray | None = None
 ) -> tuple[np.ndarray, np.ndarray]:
     """End-of-stage-2 correction (Sec. 3.3, Algorithm 1 line 18, with the threshold of eq. (7)).
 
-    Every sample whose max probability is >= theta gets the argmax label. Returns (new labels, a copy;
-    ascending indices whose label changed). Inputs are not modified.
+    Every sample whose max probability is >= theta gets the argmax label; with a boolean mask
+    ``rows``, only the samples it marks may change. Returns (new labels, a copy; ascending indices
+    whose label changed). Inputs are not modified.
     """
     Interval(float, 0.0, 1.0).check("strategy.theta", theta)
     labels, probabilities = _check_labels(labels, probabilities)
-    return _relabel(labels, probabilities, np.arange(labels.shape[0]), theta)
+    if rows is None:
+        return _relabel(labels, probabilities, np.arange(labels.shape[0]), theta)
+    rows = np.asarray(rows)
+    if rows.shape != labels.shape or rows.dtype != np.bool_:
+        raise ConfigError(f"rows mask of shape {rows.shape} and dtype {rows.dtype} is invalid: "
+                          f"allowed is a boolean array of shape {labels.shape}")
+    return _relabel(labels, probabilities, np.flatnonzero(rows), theta)

@@ -186,6 +186,20 @@ def test_stage2_relabels_exactly_the_confident_samples() -> None:
     np.testing.assert_array_equal(client.labels, before)
 
 
+def test_stage2_with_a_rows_mask_relabels_only_the_confident_samples_it_marks() -> None:
+    client = _Client(seed=8)
+    rows = np.arange(client.labels.size) % 3 == 0
+    new_labels, changed = stage2_relabel(client.labels, client.probabilities, theta=0.6, rows=rows)
+    argmax = client.probabilities.argmax(axis=1)
+    relabel = rows & (client.probabilities.max(axis=1) >= 0.6)
+    np.testing.assert_array_equal(new_labels, np.where(relabel, argmax, client.labels))
+    np.testing.assert_array_equal(changed, np.flatnonzero(relabel & (argmax != client.labels)))
+    assert changed.size > 0
+    with pytest.raises(ConfigError, match=r"rows mask of shape \(3,\) and dtype int64 is invalid: allowed is a "
+                                          r"boolean array of shape"):
+        stage2_relabel(client.labels, client.probabilities, theta=0.6, rows=np.arange(3))
+
+
 def test_a_prediction_exactly_at_theta_is_confident() -> None:
     # Eq. (7) relabels where the max probability reaches theta.
     new_labels, changed = stage2_relabel(np.array([0, 0]), np.array([[0.25, 0.75], [0.3, 0.7]]), theta=0.75)

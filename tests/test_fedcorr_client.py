@@ -102,6 +102,24 @@ def test_without_relabel_the_labels_stay(run, incoming, node_context):
     assert np.array_equal(current_labels(context, client_node.load_node(context)), scene.noisy_labels[scene.rows(2)])
 
 
+def test_stage2_on_the_noisy_subset_relabels_only_the_global_models_high_loss_samples(run, incoming, node_context):
+    overrides, scene, arrays = run
+    context = node_context(overrides, 3)
+    node = client_node.load_node(context)
+    given = current_labels(context, node).copy()
+    res = correct(incoming, context, arrays, mode="stage2", theta=0.0, stage2_rows="noisy_subset")
+    model = node.new_model()
+    model.load_state_dict(arrays.to_torch_state_dict())
+    losses, probabilities = loss_and_proba(model, node.data.images, given, node.eval_transform)
+    noisy = loss_split(losses, int(rng_for(1, "loss-gmm/3").integers(2**31)))
+    assert 0 < noisy.sum() < noisy.size
+    after = current_labels(context, node)
+    assert np.array_equal(after, np.where(noisy, probabilities.argmax(axis=1), given))
+    assert res.n_relabeled == int(np.sum(after != given)) > 0
+    everything = node_context(overrides, 3)
+    assert correct(incoming, everything, arrays, mode="stage2", theta=0.0).n_relabeled > res.n_relabeled
+
+
 def test_corrected_labels_survive_a_recreated_client_process(run, incoming, node_context):
     overrides, scene, arrays = run
     context = node_context(overrides, 0)

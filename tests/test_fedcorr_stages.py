@@ -52,6 +52,7 @@ def test_corrections_follow_each_iteration_and_stage_2(run_inprocess):
     # every loss GMM seeds from the run's seed; ground truth is on, so counts come back.
     assert [c["losses-since"] for c in configs[:sum(detected)]] == [1] * detected[0] + [N + 1] * detected[1]
     assert {(c["seed"], c["relabel"], c["diagnostics"]) for c in configs} == {(payload["config"]["seed"], True, True)}
+    assert {c["stage2-rows"] for c in configs} == {"all"}, "stage 2 relabels every confident sample (Sec. 3.3)"
     # Iteration 1's corrections come after its last train round and before iteration 2's first.
     first_correct = kinds.index(CORRECT)
     assert kinds[:first_correct].count(TRAIN) == N

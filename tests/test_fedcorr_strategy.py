@@ -18,7 +18,7 @@ from test_eval_cadence import SMOKE, fedcorr
 from test_fedavg import answer
 
 from common.errors import ConfigError
-from protocol.fedcorr import PLUGIN, CorrectRes, LidRes
+from protocol.fedcorr import PLUGIN, CorrectIns, CorrectRes, LidRes
 from protocol.messages import LOSS, TrainIns, TrainStats, read_instruction, reply
 from strategies.base import ClientFailure
 from strategies.fedavg import FedAvg
@@ -249,6 +249,24 @@ class Correcting:
 
     def send_and_receive(self, messages: Iterable[Message], *, timeout: float | None = None) -> list[Message]:
         return [Message(content=reply(self.res), reply_to=message) for message in messages]
+
+
+@pytest.mark.parametrize("rows", ["all", "noisy_subset"])
+def test_stage_2s_correction_asks_the_clients_outside_s_c_for_the_rows_the_switch_names(flower_identity, rows):
+    strategy = fedcorr("strategy.t3=0", f"strategy.stage2_rows={rows}")
+    strategy.stage, strategy.clean, strategy._finetune_left = FINETUNE, list(range(7)), 0  # its rounds done
+    sent: list[Message] = []
+
+    class Recording(Correcting):
+        def send_and_receive(self, messages: Iterable[Message], *, timeout: float | None = None) -> list[Message]:
+            batch = list(messages)
+            sent.extend(batch)
+            return super().send_and_receive(batch, timeout=timeout)
+
+    strategy.finish(Recording(CorrectRes(n_relabeled=0)), ARRAYS)
+    asked = {strategy.federation.partition_of(m.metadata.dst_node_id): read_instruction(m.content, CorrectIns)
+             for m in sent}
+    assert sorted(asked) == [7, 8, 9] and {(ins.mode, ins.stage2_rows) for ins in asked.values()} == {("stage2", rows)}
 
 
 def flagged(pid: int) -> float:

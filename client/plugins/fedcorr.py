@@ -7,7 +7,8 @@ noisy, ``query.correct`` (stage1) fits a 2-component GMM on those local losses t
 subset D_n, estimates mu_hat = |D_n| / n_k, and relabels the top floor(pi |D_n|) of D_n by the
 global model's loss (eq. 6) whose global max-probability is >= theta (eq. 7). Switches
 (``CorrectIns.split_losses`` / ``rank_losses``) take either step's losses from the other model
-instead. End of stage 2 (Sec. 3.3): ``query.correct`` (stage2) relabels every confident sample.
+instead. End of stage 2 (Sec. 3.3): ``query.correct`` (stage2) relabels every confident sample (with
+``stage2_rows=noisy_subset`` only those a GMM on the global model's losses puts in the noisy subset).
 The corrected labels and the kept losses stay on the client (``client.label_state``, persisted with
 a ``state-dir``); only counts and mu_hat leave it, and the ground-truth counts only when the run
 asks, the node knows its truth and allows sending them (``client.truth_counts.may_send_truth``).
@@ -71,18 +72,20 @@ def correct(node: LocalNode, context: Context, content: RecordDict) -> RecordDic
     labels = current_labels(context, node)
     losses, probabilities = loss_and_proba(model, node.data.images, labels, node.eval_transform, device=node.device)
     mu_hat, noisy = None, None
+    seed = int(rng_for(ins.seed, f"loss-gmm/{node.partition_id}").integers(2**31))
     if ins.mode == "stage1":
         def losses_of(model_name: str) -> np.ndarray:
             if model_name == "global":
                 return losses
             return load_local_losses(context, node, since_round=ins.losses_since)
 
-        seed = int(rng_for(ins.seed, f"loss-gmm/{node.partition_id}").integers(2**31))
         noisy = loss_split(losses_of(ins.split_losses), seed)
         new, mu_hat, _ = stage1_relabel(labels, losses_of(ins.rank_losses), probabilities, noisy,
                                         pi=ins.pi, theta=ins.theta)
     else:
-        new, _ = stage2_relabel(labels, probabilities, theta=ins.theta)
+        if ins.stage2_rows == "noisy_subset":
+            noisy = loss_split(losses, seed)
+        new, _ = stage2_relabel(labels, probabilities, theta=ins.theta, rows=noisy)
     if not ins.relabel:
         new = labels
     store_labels(context, node, new)
