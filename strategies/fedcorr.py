@@ -31,7 +31,7 @@ from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDic
 from flwr.serverapp import Grid
 
 from common.errors import InvalidValue
-from common.mixture import GUARDS, high_component
+from common.mixture import GUARDS, above_lowest, high_component
 from common.validation import Checked, Flag, FolderPath, Interval, Options, from_mapping, option
 from protocol.codec import ProtocolError
 from protocol.fedcorr import CORRECT, LOSS_MODELS, PLUGIN, STAGE2_ROWS, CorrectIns, CorrectRes, LidRes, Stage1Ins
@@ -73,6 +73,8 @@ def stage3_classes() -> dict[str, type[FedAvg]]:
 
 _SHARE = Interval(float, 0.0, 1.0)
 _FRACTION = Interval(float, 0.0, 1.0, closed="right")
+CLIENT_SCORES = ("cumulative", "iteration")
+CLIENT_COMPONENTS = ("two", "bic")
 
 
 @dataclass(frozen=True)
@@ -102,6 +104,11 @@ class FedCorrSettings(StrategySettings):
     stage2_rows: str = option(Options(STAGE2_ROWS), "which samples the end-of-stage-2 correction may relabel: "
                                                     "all (Sec. 3.3) | noisy_subset (a loss GMM's, as stage 1)")
     client_split_guard: str = option(Options(GUARDS), "none (the paper: always split) | bic | separation")
+    client_score: str = option(Options(CLIENT_SCORES), "what stage 1 splits the clients on: cumulative (the "
+                                                      "running sum of LID, Sec. 3.2) | iteration (this "
+                                                      "iteration's LID alone)")
+    client_components: str = option(Options(CLIENT_COMPONENTS), "two (the paper's 2-component GMM) | bic (1 to 3 "
+                                                                "components by BIC; all but the lowest flagged)")
     stage1_eval: str = option(Options(STAGE1_EVAL), "when the server evaluates the global model in stage 1: "
                                                     "round (after every round) | iteration (after each "
                                                     "iteration's last round only)")
@@ -121,6 +128,9 @@ class FedCorrSettings(StrategySettings):
     def check(self) -> None:
         """One network in stages 1-2, a stage-3 learner the train block allows, and every stage-3
         block valid for its strategy."""
+        if self.client_components != "two" and self.client_split_guard != "none":
+            raise InvalidValue("client_split_guard", self.client_split_guard,
+                               "none with client_components=bic, which picks the number of components itself")
         if self.train.peers:
             raise InvalidValue("train.learner", self.train.learner,
                                "a learner of one network: FedCorr's stages 1-2 train and query one "
@@ -395,7 +405,7 @@ class FedCorr(FederatedStrategy):
         assert self.monitor is not None
         for pid, value in self._lid.items():
             self.cumulative[pid] += value
-        noisy = self._split_clients(self.cumulative)
+        noisy = self._split_clients(self.cumulative if self.settings.client_score == "cumulative" else self._lid)
         self.mu_hat = dict.fromkeys(self.mu_hat, 0.0)
         corrected = self._correct(arrays, noisy, "stage1")
         self.mu_hat.update({pid: float(res.mu_hat) for pid, res in corrected.items() if res.mu_hat is not None})
@@ -403,12 +413,15 @@ class FedCorr(FederatedStrategy):
         self.iteration += 1
         self._chunks, self._next_chunk, self._lid = [], 0, {}
 
-    def _split_clients(self, cumulative: Mapping[int, float]) -> list[int]:
-        """The clients in the higher-mean GMM component of the cumulative LID scores (none when the
-        guard, if any, finds one population)."""
-        pids = sorted(cumulative)
-        guard = self.settings.client_split_guard
-        flagged = high_component(np.array([cumulative[pid] for pid in pids]), seed=self.context.seed, guard=guard)
+    def _split_clients(self, scores: Mapping[int, float]) -> list[int]:
+        """The clients in the higher-mean GMM component of their LID scores (none when the guard, if
+        any, finds one population); with ``client_components=bic``, those outside the lowest component."""
+        pids = sorted(scores)
+        guard, values = self.settings.client_split_guard, np.array([scores[pid] for pid in pids])
+        if self.settings.client_components == "bic":
+            flagged = above_lowest(values, seed=self.context.seed)
+        else:
+            flagged = high_component(values, seed=self.context.seed, guard=guard)
         if guard != "none" and not flagged.any():
             log.info("FedCorr: the %s guard finds one population in the cumulative LID; no client is flagged",
                      guard)

@@ -224,6 +224,32 @@ def test_a_guard_that_finds_one_population_says_so_and_flags_nobody(flower_ident
     assert (line in caplog.messages) is said
 
 
+def test_the_client_score_is_the_running_sum_or_this_iterations_lid(flower_identity):
+    # Iteration 1: clients 7-9 stand apart; iteration 2: clients 2-4, as far.
+    second = lambda pid: 9.0 if pid in (2, 3, 4) else 1.0  # noqa: E731
+    detected = {}
+    for score in ("cumulative", "iteration"):
+        strategy = fedcorr(f"strategy.client_score={score}")
+        stage1_iterations(strategy, flagged, second, grid=Correcting(CorrectRes(n_relabeled=0, mu_hat=0.3)))
+        assert strategy.monitor is not None and strategy.cumulative[7] == 10.0, "the running sum is kept either way"
+        detected[score] = [it["detected_noisy_clients"] for it in strategy.monitor.iterations]
+    assert detected["cumulative"] == [[7, 8, 9], [2, 3, 4, 7, 8, 9]], "sums of 10 against 2"
+    assert detected["iteration"] == [[7, 8, 9], [2, 3, 4]], "iteration 1's LID no longer counts"
+
+
+def test_bic_components_flag_every_client_outside_the_lowest_and_refuse_a_guard(flower_identity):
+    # Two clean clients, four a little noisy, four very: two components put the little noisy with the clean.
+    three_levels = lambda pid: (1.0, 1.0, 2.0, 2.0, 2.0, 2.0, 9.0, 9.0, 9.0, 9.0)[pid]  # noqa: E731
+    paper, chosen = fedcorr(), fedcorr("strategy.client_components=bic")
+    for strategy in (paper, chosen):
+        stage1_iterations(strategy, three_levels, grid=Correcting(CorrectRes(n_relabeled=0, mu_hat=0.3)))
+    assert chosen.monitor is not None and chosen.monitor.detected == [2, 3, 4, 5, 6, 7, 8, 9]
+    assert paper.monitor is not None and paper.monitor.detected == [6, 7, 8, 9]
+    with pytest.raises(ConfigError, match=r"strategy.client_split_guard='bic' is invalid: none with "
+                                          r"client_components=bic"):
+        fedcorr("strategy.client_components=bic", "strategy.client_split_guard=bic")
+
+
 def test_stage_2_finetunes_on_every_client_whose_noise_estimate_is_at_most_kappa(flower_identity):
     # Nobody flagged in the preset's 3 iterations: every mu_hat is 0, which kappa = 0 still admits.
     strategy = fedcorr("strategy.kappa=0")

@@ -1,7 +1,7 @@
 import numpy as np
 import pytest
 
-from common.mixture import ashman_d, high_component
+from common.mixture import above_lowest, ashman_d, high_component
 
 
 def test_flags_the_high_cluster_of_client_scores():
@@ -44,3 +44,19 @@ def test_ashman_d_measures_separation_against_spread():
 def test_an_unknown_guard_is_refused():
     with pytest.raises(ValueError, match="guard 'maybe' is unknown: allowed are none, bic, separation"):
         high_component(np.arange(10.0), seed=0, guard="maybe")
+
+
+def test_above_lowest_picks_the_number_of_components_by_bic_and_flags_all_but_the_lowest():
+    rng = np.random.default_rng(2)
+    clean, less, more = rng.normal(10, 0.5, 20), rng.normal(20, 0.5, 40), rng.normal(30, 0.5, 40)
+    three = np.concatenate([clean, less, more])
+    flagged = above_lowest(three, seed=1)
+    assert not flagged[:20].any() and flagged[20:].all()
+    assert high_component(three, seed=1)[:60].sum() < 40, "two components split the clean with the less noisy"
+    two = np.concatenate([clean, more])
+    assert np.array_equal(above_lowest(two, seed=1), high_component(two, seed=1))
+    one = rng.normal(20, 2, 100)
+    assert not above_lowest(one, seed=1).any(), "one population: nobody"
+    assert not above_lowest(np.full(5, 3.0), seed=0).any() and above_lowest(np.array([]), seed=0).shape == (0,)
+    assert np.array_equal(above_lowest(three, seed=1), above_lowest(three, seed=1))
+    assert above_lowest(np.array([1.0, 9.0]), seed=0).tolist() == [False, True], "at most one component per score"
