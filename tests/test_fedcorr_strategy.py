@@ -14,12 +14,14 @@ import numpy as np
 import pytest
 from defaults import context, strategy_settings
 from flwr.app import Array, ArrayRecord, ConfigRecord, Message
-from test_eval_cadence import SMOKE, fedcorr
+from test_eval_cadence import SMOKE, bound, fedcorr
 from test_fedavg import answer
 
 from common.errors import ConfigError
+from common.mixture import above_lowest
 from protocol.fedcorr import PLUGIN, CorrectIns, CorrectRes, LidRes
 from protocol.messages import LOSS, TrainIns, TrainStats, read_instruction, reply
+from strategies import fedcorr as fedcorr_module
 from strategies.base import ClientFailure
 from strategies.fedavg import FedAvg
 from strategies.fedcorr import DONE, FINETUNE, FedCorr
@@ -237,12 +239,22 @@ def test_the_client_score_is_the_running_sum_or_this_iterations_lid(flower_ident
     assert detected["iteration"] == [[7, 8, 9], [2, 3, 4]], "iteration 1's LID no longer counts"
 
 
-def test_bic_components_flag_every_client_outside_the_lowest_and_refuse_a_guard(flower_identity):
+def test_bic_components_flag_every_client_outside_the_lowest_and_refuse_a_guard(flower_identity, monkeypatch):
     # Two clean clients, four a little noisy, four very: two components put the little noisy with the clean.
     three_levels = lambda pid: (1.0, 1.0, 2.0, 2.0, 2.0, 2.0, 9.0, 9.0, 9.0, 9.0)[pid]  # noqa: E731
-    paper, chosen = fedcorr(), fedcorr("strategy.client_components=bic")
+    paper, chosen = fedcorr(), FedCorr(strategy_settings("fedcorr", *SMOKE, "strategy.client_components=bic"),
+                                       context(num_clients=10, seed=7))
+    bound(chosen)
+    seeds: list[int] = []
+
+    def seeded(values: np.ndarray, seed: int) -> np.ndarray:
+        seeds.append(seed)
+        return above_lowest(values, seed)
+
+    monkeypatch.setattr(fedcorr_module, "above_lowest", seeded)
     for strategy in (paper, chosen):
         stage1_iterations(strategy, three_levels, grid=Correcting(CorrectRes(n_relabeled=0, mu_hat=0.3)))
+    assert seeds == [7], "the mixture is seeded with the run's seed, as the paper's split"
     assert chosen.monitor is not None and chosen.monitor.detected == [2, 3, 4, 5, 6, 7, 8, 9]
     assert paper.monitor is not None and paper.monitor.detected == [6, 7, 8, 9]
     with pytest.raises(ConfigError, match=r"strategy.client_split_guard='bic' is invalid: none with "
