@@ -195,9 +195,11 @@ def test_stage2_with_a_rows_mask_relabels_only_the_confident_samples_it_marks() 
     np.testing.assert_array_equal(new_labels, np.where(relabel, argmax, client.labels))
     np.testing.assert_array_equal(changed, np.flatnonzero(relabel & (argmax != client.labels)))
     assert changed.size > 0
-    with pytest.raises(ConfigError, match=r"rows mask of shape \(3,\) and dtype int64 is invalid: allowed is a "
-                                          r"boolean array of shape"):
-        stage2_relabel(client.labels, client.probabilities, theta=0.6, rows=np.arange(3))
+    n = client.labels.size
+    for bad in (np.arange(3), rows.astype(np.int64), np.ones(n + 1, dtype=bool)):  # shape, dtype, or both wrong
+        with pytest.raises(ConfigError, match=rf"rows mask of shape \({bad.size},\) and dtype {bad.dtype} is "
+                                              rf"invalid: allowed is a boolean array of shape \({n},\)"):
+            stage2_relabel(client.labels, client.probabilities, theta=0.6, rows=bad)
 
 
 def test_a_prediction_exactly_at_theta_is_confident() -> None:

@@ -102,12 +102,21 @@ def test_without_relabel_the_labels_stay(run, incoming, node_context):
     assert np.array_equal(current_labels(context, client_node.load_node(context)), scene.noisy_labels[scene.rows(2)])
 
 
-def test_stage2_on_the_noisy_subset_relabels_only_the_global_models_high_loss_samples(run, incoming, node_context):
+def test_stage2_on_the_noisy_subset_relabels_only_the_global_models_high_loss_samples(
+        run, incoming, node_context, monkeypatch):
     overrides, scene, arrays = run
     context = node_context(overrides, 3)
     node = client_node.load_node(context)
     given = current_labels(context, node).copy()
+    seeds: list[int] = []
+
+    def seeded(losses: np.ndarray, seed: int) -> np.ndarray:
+        seeds.append(seed)
+        return loss_split(losses, seed)
+
+    monkeypatch.setattr(fedcorr_plugin, "loss_split", seeded)
     res = correct(incoming, context, arrays, mode="stage2", theta=0.0, stage2_rows="noisy_subset")
+    assert seeds == [int(rng_for(1, "loss-gmm/3").integers(2**31))], "seeded as stage 1's split"
     model = node.new_model()
     model.load_state_dict(arrays.to_torch_state_dict())
     losses, probabilities = loss_and_proba(model, node.data.images, given, node.eval_transform)
