@@ -425,3 +425,43 @@ def test_memorisation_finds_the_budget_from_which_last_10_stays_under_the_earlie
     assert "memorisation budget (drop >= 2.0 points from there on): 600" in out
     assert "memorisation budget (drop >= 2.0 points from there on): not reached" in out
     assert "mean drop over the 2 runs: 200 " in out
+
+
+plus_bench = load_bench("fedcorr_plus")
+
+
+def test_fedcorr_plus_columns_are_fedcorr_with_one_switch_each_at_the_same_budget():
+    paper = compose_config(plus_bench.cell_run("noniid-0.8", "paper", 2, []))
+    assert (paper.strategy.name, paper.comm_budget, paper.noise.rho, paper.partition.name, paper.seed) == (
+        "fedcorr", 600, 0.8, "fedcorr_noniid", 2)
+    for column, overrides in plus_bench.PARTS.items():
+        run = compose_config(plus_bench.cell_run("noniid-0.8", column, 2, []))
+        differing = [key for key in ("client_score", "client_components", "stage2_rows")
+                     if run.strategy[key] != paper.strategy[key]]
+        assert len(differing) == 1 and f"strategy.{differing[0]}" in overrides[0], column
+        assert run.out_dir.endswith(f"bench-fedcorr-plus/noniid-0.8/seed2/{column}")
+
+
+def plus_run(f1, flagged, noise, precision, best, final):
+    return {"f1": f1, "flagged": flagged, "noise": noise, "precision": precision, "best": best, "final": final}
+
+
+def test_fedcorr_plus_targets_say_which_are_met_and_by_what_figure_one_is_missed():
+    paper = {"iid-0.6": [plus_run(0.99, 60, 0.072, 0.85, 0.881, 0.879)],
+             "clean": [plus_run(None, 40, 0.05, 0.2, 0.89, 0.888)]}
+    good = {"iid-0.6": [plus_run(0.97, 60, 0.030, 0.95, 0.882, 0.880), plus_run(0.96, 61, 0.034, 0.94, 0.881, 0.879)],
+            "clean": [plus_run(None, 0, 0.0, None, 0.891, 0.889)]}
+    assert plus_bench.targets("bic-components", good, paper) == [
+        "detection F1 >= 0.95 on every seed: met", "no client flagged at clean: met",
+        "iid-0.6: label noise <= 3.5% with precision >= 0.93: met (3.20%, 0.945)",
+        "best and final accuracy not below the paper's: met"]
+    weak = {"iid-0.6": [plus_run(0.97, 60, 0.05, 0.9, 0.87, 0.88), plus_run(0.90, 61, 0.04, 0.92, 0.881, 0.879)]}
+    assert plus_bench.targets("stage2-subset", weak, paper) == [
+        "detection F1 >= 0.95 on every seed: missed at iid-0.6 (0.900)",
+        "iid-0.6: label noise <= 3.5% with precision >= 0.93: missed (4.50%, 0.910)",
+        "best and final accuracy not below the paper's: missed (points under: iid-0.6 best 0.55)"]
+    assert plus_bench.targets("paper", paper, paper)[1] == "no client flagged at clean: missed ([40])"
+    payload = {"summary": {"best_acc": 0.88, "final_acc": 0.87},
+               "fedcorr": {"detection": None, "detected_noisy_clients": [3, 4], "relabel_precision": 0.5,
+                           "label_noise": {"after_stage2": 0.01}}}
+    assert plus_bench.figures(payload) == plus_run(None, 2.0, 0.01, 0.5, 0.88, 0.87)

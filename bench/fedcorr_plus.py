@@ -1,0 +1,164 @@
+"""Beyond the paper: the paper's FedCorr beside each candidate part of FedCorr+, against its targets.
+
+    .venv/bin/python bench/fedcorr_plus.py [--cells iid-0.6 ...] [--columns paper iteration-lid ...]
+        [--seeds 1 2 3] [--reuse | --report] [--jobs 2] [-- Hydra overrides for every run ...]
+
+Fashion-MNIST, 100 clients, LeNet-5, FedCorr's default schedule and budget (600 client
+participations: T1 = 2, T2 = 20, stage 3 the rest), so every column costs the same. Cells: FedCorr's
+noise (rho, tau) at (0.4, 0.5), (0.6, 0.5) and (0.8, 0.5), IID (iid-<rho>) and non-IID (p, alpha_Dir)
+= (0.7, 10) (noniid-<rho>), and clean labels (clean: (0, 0), IID). Columns: ``paper`` (the defaults)
+and each candidate part alone, a named switch of conf/strategy/fedcorr.yaml (``PARTS``). Every switch
+and threshold is chosen on seeds 1-3 of these cells only.
+
+Prints, per cell and column, mean ± std over the seeds: detection F1 and its lowest seed (at clean:
+how many clients were flagged), label noise after stage 2 and the relabel precision, best and final
+test accuracy; then, per column, which of the issue's targets it meets on the seeds run: detection F1
+>= 0.95 on every seed of every noisy cell and no client flagged at clean; at iid-0.6 label noise
+after stage 2 <= 3.5% with relabel precision >= 0.93; best and final accuracy not below the paper's
+(mean over seeds) in any cell. Runs: outputs/bench-fedcorr-plus/<cell>/seed<seed>/<column>/.
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from runs import (
+    ConfigError,
+    add_launch_arguments,
+    check_all,
+    fedcorr_figure,
+    finished,
+    launcher_from,
+    main_with_clear_errors,
+    run_plan,
+    spread,
+)
+
+NONIID = ["partition=fedcorr_noniid", "partition.p=0.7", "partition.alpha=10"]
+CELLS: dict[str, list[str]] = {
+    "clean": ["noise.rho=0.0", "noise.tau=0.0", "partition=iid"],
+    **{f"iid-{rho}": [f"noise.rho={rho}", "noise.tau=0.5", "partition=iid"] for rho in ("0.4", "0.6", "0.8")},
+    **{f"noniid-{rho}": [f"noise.rho={rho}", "noise.tau=0.5", *NONIID] for rho in ("0.4", "0.6", "0.8")},
+}
+# The candidate parts of FedCorr+, each a switch of its own (docs/fedcorr.md).
+PARTS: dict[str, list[str]] = {
+    "iteration-lid": ["strategy.client_score=iteration"],
+    "bic-components": ["strategy.client_components=bic"],
+    "stage2-subset": ["strategy.stage2_rows=noisy_subset"],
+}
+COLUMNS = ("paper", *PARTS)
+# The issue's targets.
+MIN_F1 = 0.95
+NOISE_CELL, MAX_NOISE, MIN_PRECISION = "iid-0.6", 0.035, 0.93
+
+
+def cell_run(cell: str, column: str, seed: int, extra: list[str], outputs: str = "outputs") -> list[str]:
+    """All overrides of one run."""
+    return ["experiment=fmnist", "noise=fedcorr", *CELLS[cell], "strategy=fedcorr", *PARTS.get(column, []),
+            "comm_budget=600", *extra, f"seed={seed}",
+            f"out_dir={outputs}/bench-fedcorr-plus/{cell}/seed{seed}/{column}"]
+
+
+def figures(payload: dict[str, Any]) -> dict[str, float | None]:
+    """What the table shows of one run: detection F1, clients flagged, label noise after stage 2,
+    relabel precision, best and final accuracy."""
+    return {
+        "f1": fedcorr_figure(payload, lambda block: (block["detection"] or {}).get("f1")),
+        "flagged": fedcorr_figure(payload, lambda block: float(len(block["detected_noisy_clients"]))),
+        "noise": fedcorr_figure(payload, lambda block: block["label_noise"].get("after_stage2")),
+        "precision": fedcorr_figure(payload, lambda block: block["relabel_precision"]),
+        "best": payload["summary"]["best_acc"],
+        "final": payload["summary"]["final_acc"],
+    }
+
+
+def mean(values: list[float | None]) -> float | None:
+    """The mean of the known values (None without any)."""
+    known = [value for value in values if value is not None]
+    return sum(known) / len(known) if known else None
+
+
+def targets(column: str, runs: dict[str, list[dict[str, float | None]]],
+            paper: dict[str, list[dict[str, float | None]]]) -> list[str]:
+    """Each target the column's finished runs meet ('met') or miss ('missed', with the figure), cell by
+    cell; a target whose runs have not finished says so."""
+    if not runs:
+        return ["no run has finished"]
+    lines = []
+    noisy = [cell for cell in runs if cell != "clean"]
+    lows = {cell: min((run["f1"] for run in runs[cell] if run["f1"] is not None), default=None) for cell in noisy}
+    missed = {cell: low for cell, low in lows.items() if low is None or low < MIN_F1}
+    lines.append(f"detection F1 >= {MIN_F1} on every seed: "
+                 + ("met" if noisy and not missed else "no noisy cell has finished a run" if not noisy else "missed at "
+                    + ", ".join(f"{cell} ({'-' if low is None else f'{low:.3f}'})" for cell, low in missed.items())))
+    if "clean" in runs:
+        flagged = [run["flagged"] for run in runs["clean"]]
+        lines.append("no client flagged at clean: " + ("met" if not any(flagged) else f"missed ({flagged})"))
+    if NOISE_CELL in runs:
+        noise = mean([run["noise"] for run in runs[NOISE_CELL]])
+        precision = mean([run["precision"] for run in runs[NOISE_CELL]])
+        met = noise is not None and precision is not None and noise <= MAX_NOISE and precision >= MIN_PRECISION
+        lines.append(f"{NOISE_CELL}: label noise <= {100 * MAX_NOISE:g}% with precision >= {MIN_PRECISION}: "
+                     f"{'met' if met else 'missed'} ({'-' if noise is None else f'{100 * noise:.2f}%'}, "
+                     f"{'-' if precision is None else f'{precision:.3f}'})")
+    if column != "paper" and set(runs) & set(paper):
+        losses = [f"{cell} {key} {100 * (theirs - ours):.2f}" for cell in runs if cell in paper
+                  for key in ("best", "final")
+                  if (ours := mean([run[key] for run in runs[cell]])) is not None
+                  and (theirs := mean([run[key] for run in paper[cell]])) is not None and ours < theirs]
+        lines.append("best and final accuracy not below the paper's: "
+                     + ("met" if not losses else "missed (points under: " + ", ".join(losses) + ")"))
+    return lines
+
+
+def main() -> None:
+    """Run (or reuse; with --report only read) the runs and print the table and the targets."""
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--cells", nargs="+", choices=list(CELLS), default=list(CELLS), metavar="CELL")
+    parser.add_argument("--columns", nargs="+", choices=COLUMNS, default=list(COLUMNS), metavar="COLUMN",
+                        help=f"of {', '.join(COLUMNS)}")
+    parser.add_argument("--seeds", nargs="+", type=int, default=[1, 2, 3])
+    parser.add_argument("--reuse", action="store_true",
+                        help="reuse finished runs with the same config, resume stopped ones from their checkpoint")
+    parser.add_argument("--report", action="store_true", help="run nothing: print what has finished")
+    parser.add_argument("--outputs", default="outputs", help="the folder bench-fedcorr-plus/ goes in")
+    add_launch_arguments(parser)
+    parser.add_argument("overrides", nargs="*", default=[])
+    args = parser.parse_args()
+    if "paper" not in args.columns:
+        raise ConfigError(f"--columns {' '.join(args.columns)} is invalid: allowed are columns including paper, "
+                          "which every target compares against")
+    launcher = launcher_from(args)
+    plan = {(cell, column, seed): cell_run(cell, column, seed, args.overrides, args.outputs)
+            for seed in args.seeds for cell in args.cells for column in args.columns}
+    check_all(list(plan.values()), args.reuse or args.report)
+    order = list(plan)  # seed 1 of every cell and column first
+    done = ({key: finished(plan[key]) for key in order} if args.report
+            else run_plan(plan, order, args.reuse, launcher=launcher))
+    found = {column: {cell: [figures(p) for seed in args.seeds if (p := done[(cell, column, seed)]) is not None]
+                      for cell in args.cells} for column in args.columns}
+
+    print(f"\nFedCorr+ candidates on Fashion-MNIST (100 clients, LeNet-5, 600 participations; overrides "
+          f"{args.overrides}); mean ± std over the seeds {args.seeds}")
+    print(f"{'cell':<11} {'column':<15} {'n':>2} {'det. F1':>12} {'F1 low':>7} {'flagged':>9} {'noise s2 %':>11} "
+          f"{'rel. prec.':>12} {'best %':>12} {'final %':>12}")
+    for cell in args.cells:
+        for column in args.columns:
+            runs = found[column][cell]
+            low = min((run["f1"] for run in runs if run["f1"] is not None), default=None)
+            print(f"{cell:<11} {column:<15} {len(runs):>2} {spread([r['f1'] for r in runs], 1, 3):>12} "
+                  f"{'-' if low is None else f'{low:.3f}':>7} {spread([r['flagged'] for r in runs], 1, 1):>9} "
+                  f"{spread([r['noise'] for r in runs], 100):>11} {spread([r['precision'] for r in runs], 1, 3):>12} "
+                  f"{spread([r['best'] for r in runs], 100):>12} {spread([r['final'] for r in runs], 100):>12}")
+    print("\ntargets, on the finished runs")
+    for column in args.columns:
+        runs = {cell: found[column][cell] for cell in args.cells if found[column][cell]}
+        paper = {cell: found["paper"][cell] for cell in args.cells if found["paper"][cell]}
+        print(f"{column}:")
+        for line in targets(column, runs, paper):
+            print(f"  {line}")
+
+
+if __name__ == "__main__":
+    main_with_clear_errors(main)
