@@ -246,6 +246,9 @@ def test_reverse_cross_entropy_keeps_each_prediction_at_least_1e_7():
 
 def test_coteaching_keeps_the_small_loss_share_and_ramps_its_forget_rate():
     assert [kept_count(10, rate) for rate in (0.0, 0.25, 0.5, 0.99)] == [10, 7, 5, 1]
+    # Products a float hair under an integer: (1 - 0.8) * 10, (1 - 0.55) * 60, (1 - 0.56) * 25; and one
+    # exactly a hair under, which stays under: (1 - 3e-11) * 10 = 9.9999999997.
+    assert [kept_count(10, 0.8), kept_count(60, 0.55), kept_count(25, 0.56), kept_count(10, 3e-11)] == [2, 27, 11, 9]
     options = coteaching_settings(forget_rate=0.4, ramp_rounds=10)
     assert [options.forget_at(t) for t in (0, 5, 10, 30)] == pytest.approx([0.0, 0.2, 0.4, 0.4])
 
