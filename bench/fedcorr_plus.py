@@ -29,6 +29,7 @@ from runs import (
     check_all,
     fedcorr_figure,
     finished,
+    known_mean,
     launcher_from,
     main_with_clear_errors,
     run_plan,
@@ -73,12 +74,6 @@ def figures(payload: dict[str, Any]) -> dict[str, float | None]:
     }
 
 
-def mean(values: list[float | None]) -> float | None:
-    """The mean of the known values (None without any)."""
-    known = [value for value in values if value is not None]
-    return sum(known) / len(known) if known else None
-
-
 def targets(column: str, runs: dict[str, list[dict[str, float | None]]],
             paper: dict[str, list[dict[str, float | None]]]) -> list[str]:
     """Each target the column's finished runs meet ('met') or miss ('missed', with the figure), cell by
@@ -96,8 +91,8 @@ def targets(column: str, runs: dict[str, list[dict[str, float | None]]],
         flagged = [run["flagged"] for run in runs["clean"]]
         lines.append("no client flagged at clean: " + ("met" if not any(flagged) else f"missed ({flagged})"))
     if NOISE_CELL in runs:
-        noise = mean([run["noise"] for run in runs[NOISE_CELL]])
-        precision = mean([run["precision"] for run in runs[NOISE_CELL]])
+        noise = known_mean([run["noise"] for run in runs[NOISE_CELL]])
+        precision = known_mean([run["precision"] for run in runs[NOISE_CELL]])
         met = noise is not None and precision is not None and noise <= MAX_NOISE and precision >= MIN_PRECISION
         lines.append(f"{NOISE_CELL}: label noise <= {100 * MAX_NOISE:g}% with precision >= {MIN_PRECISION}: "
                      f"{'met' if met else 'missed'} ({'-' if noise is None else f'{100 * noise:.2f}%'}, "
@@ -105,8 +100,8 @@ def targets(column: str, runs: dict[str, list[dict[str, float | None]]],
     if column != "paper" and set(runs) & set(paper):
         losses = [f"{cell} {key} {100 * (theirs - ours):.2f}" for cell in runs if cell in paper
                   for key in ("best", "final")
-                  if (ours := mean([run[key] for run in runs[cell]])) is not None
-                  and (theirs := mean([run[key] for run in paper[cell]])) is not None and ours < theirs]
+                  if (ours := known_mean([run[key] for run in runs[cell]])) is not None
+                  and (theirs := known_mean([run[key] for run in paper[cell]])) is not None and ours < theirs]
         lines.append("best and final accuracy not below the paper's: "
                      + ("met" if not losses else "missed (points under: " + ", ".join(losses) + ")"))
     return lines

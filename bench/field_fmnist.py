@@ -44,6 +44,7 @@ from runs import (
     add_launch_arguments,
     check_all,
     finished,
+    known_mean,
     launcher_from,
     main_with_clear_errors,
     print_time_saved,
@@ -116,12 +117,6 @@ def summary(payloads: list[dict[str, Any] | None], key: str) -> str:
     """Mean ± std of a summary figure (%) over the finished runs; '-' if none finished."""
     values = [p["summary"][key] for p in payloads if p]
     return spread(values, 100) if values else "-"
-
-
-def mean_of(payloads: list[dict[str, Any] | None], key: str) -> float | None:
-    """Mean of a summary figure over the finished runs (None if none finished)."""
-    values = [p["summary"][key] for p in payloads if p]
-    return sum(values) / len(values) if values else None
 
 
 def order(scores: dict[str, float]) -> str:
@@ -199,7 +194,8 @@ def main() -> None:
             print(f"{column:<{width}} {summary(payloads, 'best_acc'):>13} {summary(payloads, 'final_acc'):>13} "
                   f"{summary(payloads, 'last10_mean_acc'):>13} {detect:>10} "
                   f"{'-' if paper is None else f'{paper:.2f}':>15}")
-        ours = {key: {column: mean_of([done[(cell, column, seed)] for seed in seeds[cell]], key)
+        ours = {key: {column: known_mean([run["summary"][key] for seed in seeds[cell]
+                                          if (run := done[(cell, column, seed)])])
                       for column in args.columns} for key in ("best_acc", "last10_mean_acc")}
         lines = rank_lines(cell, ours)
         if lines:

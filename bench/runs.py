@@ -488,6 +488,12 @@ def accuracies(payload: dict[str, Any], stage: str | None = None) -> list[float]
             if r["test_acc"] is not None and (stage is None or r["stage"] == stage)]
 
 
+def known_mean(values: list[float | None]) -> float | None:
+    """The mean of the known values (None without any)."""
+    known = [value for value in values if value is not None]
+    return sum(known) / len(known) if known else None
+
+
 def spread(values: list[float | None], scale: float = 1.0, digits: int = 2) -> str:
     """Mean ± sample std of the known values, compact for fixed-width tables (see ``mean_std``)."""
     return mean_std(values, scale, digits, separator="±")
