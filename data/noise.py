@@ -12,11 +12,11 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
-from fractions import Fraction
 from typing import Any
 
 import numpy as np
 
+from common.decimals import as_written
 from common.errors import InvalidValue
 from common.validation import Flag, Interval, Options
 from data.registry import Registry
@@ -98,7 +98,7 @@ def _pick(members: np.ndarray, rate: float, rng: np.random.Generator) -> np.ndar
 def _floor_share(rate: float, count: int) -> int:
     """floor(rate * count) with ``rate`` taken as the decimal it was written as (0.7 * 6000 is 4200,
     whatever the binary float's last bit)."""
-    return int(Fraction(str(float(rate))) * count)
+    return int(as_written(rate) * count)
 
 
 def _per_client(
@@ -187,7 +187,7 @@ def gaussian(
 def _apportion(shares: list[float], total: int) -> list[int]:
     """``total`` split in proportion to ``shares`` (which sum to 1): each gets the floor of its exact
     part, and what is left goes one each to the largest remainders (the first kind on a tie)."""
-    exact = [Fraction(str(float(share))) * total for share in shares]
+    exact = [as_written(share) * total for share in shares]
     counts = [int(part) for part in exact]
     by_remainder = sorted(range(len(shares)), key=lambda i: -(exact[i] - counts[i]))
     for i in by_remainder[: total - sum(counts)]:
@@ -229,7 +229,7 @@ def _shares_sum_to_one(params: Mapping[str, Any]) -> None:
     if not used:
         raise InvalidValue(f"noise.{MIXED_KINDS[0]}", None, "allowed is a share in [0, 1]: mixed needs the share "
                            f"of at least one of {', '.join(MIXED_KINDS)}")
-    if sum(Fraction(str(float(share))) for share in used.values()) != 1:
+    if sum(as_written(share) for share in used.values()) != 1:
         *others, last = used
         rest = ", ".join(f"{kind} {used[kind]}" for kind in others) or "no other kind"
         raise InvalidValue(f"noise.{last}", used[last], f"allowed is the share that makes the set shares sum to 1 "

@@ -423,8 +423,8 @@ class FedCorr(FederatedStrategy):
         else:
             flagged = high_component(values, seed=self.context.seed, guard=guard)
         if guard != "none" and not flagged.any():
-            log.info("FedCorr: the %s guard finds one population in the cumulative LID; no client is flagged",
-                     guard)
+            score = "cumulative LID" if self.settings.client_score == "cumulative" else "iteration's LID"
+            log.info("FedCorr: the %s guard finds one population in the %s; no client is flagged", guard, score)
         return [pid for pid, is_noisy in zip(pids, flagged) if is_noisy]
 
     # --- stage 2 -------------------------------------------------------------------------------

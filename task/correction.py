@@ -55,6 +55,15 @@ def _check_labels(labels: np.ndarray, probabilities: np.ndarray) -> tuple[np.nda
     return labels, probabilities
 
 
+def _check_mask(mask: np.ndarray, n: int, name: str) -> np.ndarray:
+    """``mask`` as an array after checking it is one boolean per label."""
+    array = np.asarray(mask)
+    if array.shape != (n,) or array.dtype != np.bool_:
+        raise ConfigError(f"{name} mask of shape {array.shape} and dtype {array.dtype} is invalid: "
+                          f"allowed is a boolean array of shape ({n},)")
+    return array
+
+
 def _relabel(
     labels: np.ndarray, probabilities: np.ndarray, rows: np.ndarray, theta: float
 ) -> tuple[np.ndarray, np.ndarray]:
@@ -99,13 +108,7 @@ def stage1_relabel(
     labels, probabilities = _check_labels(labels, probabilities)
     n = labels.shape[0]
     losses = _check_losses(losses, n)
-    noisy = np.asarray(noisy)
-    if noisy.shape != (n,) or noisy.dtype != np.bool_:
-        raise ConfigError(
-            f"noisy mask of shape {noisy.shape} and dtype {noisy.dtype} is invalid: "
-            f"allowed is a boolean array of shape ({n},)"
-        )
-    noisy_rows = np.flatnonzero(noisy)
+    noisy_rows = np.flatnonzero(_check_mask(noisy, n, "noisy"))
     # Rounded first so that e.g. 0.29 * 100 = 28.999999999999996 still yields 29 candidates.
     n_candidates = math.floor(round(pi * noisy_rows.size, 9))
     by_loss = noisy_rows[np.argsort(-losses[noisy_rows], kind="stable")]
@@ -124,10 +127,6 @@ def stage2_relabel(
     """
     Interval(float, 0.0, 1.0).check("strategy.theta", theta)
     labels, probabilities = _check_labels(labels, probabilities)
-    if rows is None:
-        return _relabel(labels, probabilities, np.arange(labels.shape[0]), theta)
-    rows = np.asarray(rows)
-    if rows.shape != labels.shape or rows.dtype != np.bool_:
-        raise ConfigError(f"rows mask of shape {rows.shape} and dtype {rows.dtype} is invalid: "
-                          f"allowed is a boolean array of shape {labels.shape}")
-    return _relabel(labels, probabilities, np.flatnonzero(rows), theta)
+    n = labels.shape[0]
+    candidates = np.arange(n) if rows is None else np.flatnonzero(_check_mask(rows, n, "rows"))
+    return _relabel(labels, probabilities, candidates, theta)

@@ -262,6 +262,13 @@ def test_bic_components_flag_every_client_outside_the_lowest_and_refuse_a_guard(
         fedcorr("strategy.client_components=bic", "strategy.client_split_guard=bic")
 
 
+def test_the_guards_line_names_the_score_it_split(flower_identity, caplog):
+    strategy = fedcorr("strategy.client_split_guard=bic", "strategy.client_score=iteration")
+    with caplog.at_level(logging.INFO, logger="strategies.fedcorr"):
+        stage1_iterations(strategy, lambda pid: 20.0 + 0.1 * pid)
+    assert "FedCorr: the bic guard finds one population in the iteration's LID; no client is flagged" in caplog.messages
+
+
 def test_stage_2_finetunes_on_every_client_whose_noise_estimate_is_at_most_kappa(flower_identity):
     # Nobody flagged in the preset's 3 iterations: every mu_hat is 0, which kappa = 0 still admits.
     strategy = fedcorr("strategy.kappa=0")

@@ -4,12 +4,12 @@ small-loss in the batch, so the errors of one are not reinforced by itself."""
 from __future__ import annotations
 
 import math
-from fractions import Fraction
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from common.decimals import as_written
 from common.errors import ConfigError
 from models.peer_pair import PeerPair
 from task.learners.base import Batch, BatchLoss
@@ -19,7 +19,7 @@ def kept_count(batch_size: int, forget_rate: float) -> int:
     """How many small-loss samples each network passes on: floor((1 - forget_rate) * B), at least one,
     with the rate taken as the decimal it is written as ((1 - 0.8) * 10 is 1.9999999999999996 in binary
     floats; as decimals it is 2)."""
-    return max(1, math.floor((1 - Fraction(str(float(forget_rate)))) * batch_size))
+    return max(1, math.floor((1 - as_written(forget_rate)) * batch_size))
 
 
 def small_loss_rows(losses: torch.Tensor, keep: int) -> torch.Tensor:
