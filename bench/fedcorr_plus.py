@@ -6,16 +6,19 @@
 Fashion-MNIST, 100 clients, LeNet-5, FedCorr's default schedule and budget (600 client
 participations: T1 = 2, T2 = 20, stage 3 the rest), so every column costs the same. Cells: FedCorr's
 noise (rho, tau) at (0.4, 0.5), (0.6, 0.5) and (0.8, 0.5), IID (iid-<rho>) and non-IID (p, alpha_Dir)
-= (0.7, 10) (noniid-<rho>), and clean labels (clean: (0, 0), IID). Columns: ``paper`` (the defaults)
-and each candidate part alone, a named switch of conf/strategy/fedcorr.yaml (``PARTS``). Every switch
-and threshold is chosen on seeds 1-3 of these cells only.
+= (0.7, 10) (noniid-<rho>); clean labels (clean: (0, 0), IID); and (0.6, 0.5) IID with 30% of the
+clients joining late, at stage 1's second iteration (late-it2) or at stage 2 (late-s2). Columns:
+``paper`` (the defaults) and each candidate part alone, a named switch of conf/strategy/fedcorr.yaml
+(``PARTS``). Every switch and threshold is chosen on seeds 1-3 of these cells only.
 
 Prints, per cell and column, mean ± std over the seeds: detection F1 and its lowest seed (at clean:
 how many clients were flagged), label noise after stage 2 and the relabel precision, best and final
-test accuracy; then, per column, which of the issue's targets it meets on the seeds run: detection F1
->= 0.95 on every seed of every noisy cell and no client flagged at clean; at iid-0.6 label noise
-after stage 2 <= 3.5% with relabel precision >= 0.93; best and final accuracy not below the paper's
-(mean over seeds) in any cell. Runs: outputs/bench-fedcorr-plus/<cell>/seed<seed>/<column>/.
+test accuracy, and in the late cells the late joiners' detection F1 and the noisy joiners missed.
+Then, per column, which of the issue's targets it meets on the seeds run: detection F1 >= 0.95 on
+every seed of every noisy cell and no client flagged at clean; the late joiners' F1 >= 0.9 on every
+seed of each late cell; at iid-0.6 label noise after stage 2 <= 3.5% with relabel precision >= 0.93;
+best and final accuracy not below the paper's (mean over seeds) in any cell. Runs:
+outputs/bench-fedcorr-plus/<cell>/seed<seed>/<column>/.
 """
 
 from __future__ import annotations
@@ -41,22 +44,36 @@ CELLS: dict[str, list[str]] = {
     "clean": ["noise.rho=0.0", "noise.tau=0.0", "partition=iid"],
     **{f"iid-{rho}": [f"noise.rho={rho}", "noise.tau=0.5", "partition=iid"] for rho in ("0.4", "0.6", "0.8")},
     **{f"noniid-{rho}": [f"noise.rho={rho}", "noise.tau=0.5", *NONIID] for rho in ("0.4", "0.6", "0.8")},
+    # 30% of the clients join late at (0.6, 0.5) IID: at stage 1's second iteration (its first round after
+    # the 70 early clients' first), or at stage 2's first round (after T1 = 2 iterations of the 70).
+    "late-it2": ["noise.rho=0.6", "noise.tau=0.5", "partition=iid", "participation.late=0.3",
+                 "participation.join_round=2"],
+    "late-s2": ["noise.rho=0.6", "noise.tau=0.5", "partition=iid", "participation.late=0.3",
+                "participation.join_round=141"],
 }
+LATE_CELLS = ("late-it2", "late-s2")
 # The candidate parts of FedCorr+, each a switch of its own (docs/fedcorr.md).
 PARTS: dict[str, list[str]] = {
     "iteration-lid": ["strategy.client_score=iteration"],
     "bic-components": ["strategy.client_components=bic"],
     "stage2-subset": ["strategy.stage2_rows=noisy_subset"],
+    "mean-lid": ["strategy.client_score=mean"],
+    "joiner-pass": ["strategy.joiners=preprocess"],
 }
-COLUMNS = ("paper", *PARTS)
+# Parts that work together: a joiner's own iteration gives it one LID, which only a per-iteration mean
+# compares with the others' sums of two.
+COMBINED: dict[str, tuple[str, ...]] = {"mean+pass": ("mean-lid", "joiner-pass")}
+COLUMNS = ("paper", *PARTS, *COMBINED)
 # The issue's targets.
 MIN_F1 = 0.95
+MIN_LATE_F1 = 0.9
 NOISE_CELL, MAX_NOISE, MIN_PRECISION = "iid-0.6", 0.035, 0.93
 
 
 def cell_run(cell: str, column: str, seed: int, extra: list[str], outputs: str = "outputs") -> list[str]:
     """All overrides of one run."""
-    return ["experiment=fmnist", "noise=fedcorr", *CELLS[cell], "strategy=fedcorr", *PARTS.get(column, []),
+    switches = [override for part in COMBINED.get(column, (column,)) for override in PARTS.get(part, [])]
+    return ["experiment=fmnist", "noise=fedcorr", *CELLS[cell], "strategy=fedcorr", *switches,
             "comm_budget=600", *extra, f"seed={seed}",
             f"out_dir={outputs}/bench-fedcorr-plus/{cell}/seed{seed}/{column}"]
 
@@ -69,6 +86,9 @@ def figures(payload: dict[str, Any]) -> dict[str, float | None]:
         "flagged": fedcorr_figure(payload, lambda block: float(len(block["detected_noisy_clients"]))),
         "noise": fedcorr_figure(payload, lambda block: block["label_noise"].get("after_stage2")),
         "precision": fedcorr_figure(payload, lambda block: block["relabel_precision"]),
+        "late_f1": fedcorr_figure(payload, lambda block: ((block.get("late_joiners") or {}).get("detection")
+                                                          or {}).get("f1")),
+        "late_missed": fedcorr_figure(payload, lambda block: (block.get("late_joiners") or {}).get("missed")),
         "best": payload["summary"]["best_acc"],
         "final": payload["summary"]["final_acc"],
     }
@@ -81,7 +101,7 @@ def targets(column: str, runs: dict[str, list[dict[str, float | None]]],
     if not runs:
         return ["no run has finished"]
     lines = []
-    noisy = [cell for cell in runs if cell != "clean"]
+    noisy = [cell for cell in runs if cell != "clean" and cell not in LATE_CELLS]
     lows = {cell: min((run["f1"] for run in runs[cell] if run["f1"] is not None), default=None) for cell in noisy}
     missed = {cell: low for cell, low in lows.items() if low is None or low < MIN_F1}
     lines.append(f"detection F1 >= {MIN_F1} on every seed: "
@@ -90,6 +110,13 @@ def targets(column: str, runs: dict[str, list[dict[str, float | None]]],
     if "clean" in runs:
         flagged = [run["flagged"] for run in runs["clean"]]
         lines.append("no client flagged at clean: " + ("met" if not any(flagged) else f"missed ({flagged})"))
+    for cell in LATE_CELLS:
+        if cell in runs:
+            low = min((run["late_f1"] for run in runs[cell] if run["late_f1"] is not None), default=None)
+            missed = [run["late_missed"] for run in runs[cell]]
+            lines.append(f"{cell}: late joiners' detection F1 >= {MIN_LATE_F1} on every seed: "
+                         f"{'met' if low is not None and low >= MIN_LATE_F1 else 'missed'} "
+                         f"(lowest {'-' if low is None else f'{low:.3f}'}; noisy joiners missed per seed {missed})")
     if NOISE_CELL in runs:
         noise = known_mean([run["noise"] for run in runs[NOISE_CELL]])
         precision = known_mean([run["precision"] for run in runs[NOISE_CELL]])
@@ -137,7 +164,7 @@ def main() -> None:
     print(f"\nFedCorr+ candidates on Fashion-MNIST (100 clients, LeNet-5, 600 participations; overrides "
           f"{args.overrides}); mean ± std over the seeds {args.seeds}")
     print(f"{'cell':<11} {'column':<15} {'n':>2} {'det. F1':>12} {'F1 low':>7} {'flagged':>9} {'noise s2 %':>11} "
-          f"{'rel. prec.':>12} {'best %':>12} {'final %':>12}")
+          f"{'rel. prec.':>12} {'best %':>12} {'final %':>12} {'late F1':>12} {'late missed':>11}")
     for cell in args.cells:
         for column in args.columns:
             runs = found[column][cell]
@@ -145,7 +172,9 @@ def main() -> None:
             print(f"{cell:<11} {column:<15} {len(runs):>2} {spread([r['f1'] for r in runs], 1, 3):>12} "
                   f"{'-' if low is None else f'{low:.3f}':>7} {spread([r['flagged'] for r in runs], 1, 1):>9} "
                   f"{spread([r['noise'] for r in runs], 100):>11} {spread([r['precision'] for r in runs], 1, 3):>12} "
-                  f"{spread([r['best'] for r in runs], 100):>12} {spread([r['final'] for r in runs], 100):>12}")
+                  f"{spread([r['best'] for r in runs], 100):>12} {spread([r['final'] for r in runs], 100):>12} "
+                  f"{spread([r['late_f1'] for r in runs], 1, 3):>12} "
+                  f"{spread([r['late_missed'] for r in runs], 1, 1):>11}")
     print("\ntargets, on the finished runs")
     for column in args.columns:
         runs = {cell: found[column][cell] for cell in args.cells if found[column][cell]}

@@ -24,6 +24,7 @@ from settings.identity import EXECUTION_KEYS, config_changes, run_differences
 from settings.run import RunSettings, run_settings
 from settings.scene import resolved
 from strategies.context import StrategyContext
+from strategies.participation import Participation
 from strategies.registry import StrategyPlan, plan_strategy
 from task.device import check_device
 
@@ -46,6 +47,8 @@ def strategy_context(settings: RunSettings, **known: Any) -> StrategyContext:
     return StrategyContext(num_clients=settings.num_clients, seed=settings.seed,
                            rng=rng_for(settings.seed, "client-sampling"), comm_budget=settings.comm_budget,
                            skip_failed=settings.server.on_client_error == "skip",
+                           participation=Participation.drawn(settings.num_clients, settings.participation.late,
+                                                             settings.participation.join_round, settings.seed),
                            iid=settings.scene.partition.name == "iid", ground_truth=settings.ground_truth, **known)
 
 

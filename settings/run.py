@@ -57,6 +57,16 @@ class LoggingSettings(Checked):
 
 
 @dataclass(frozen=True)
+class ParticipationSettings(Checked):
+    """Dynamic participation (``participation`` in the config): a share of the clients, drawn from the
+    seed, takes part only from round ``join_round`` on."""
+
+    late: float = option(Interval(float, 0.0, 1.0, closed="left"), "the share of clients that join late "
+                                                                   "(0: every client from round 1)")
+    join_round: int = option(Interval(int, 2), "the first round the late joiners may take part in")
+
+
+@dataclass(frozen=True)
 class ClientSettings(Checked):
     """How a client node computes (``client`` in the config, threads from ``simulation``)."""
 
@@ -172,6 +182,7 @@ class RunSettings(Checked):
     resume: bool = option(Flag(), "continue the run in out_dir from its last checkpoint (false: start over)")
     replace: bool = option(Flag(), "whether the run may replace another run's results in out_dir")
     server: ServerSettings = option(meaning="how the ServerApp runs")
+    participation: ParticipationSettings = option(meaning="which clients take part from which round")
     logging: LoggingSettings = option(meaning="what a run logs besides results.json")
     client: ClientSettings = option(meaning="how a client node computes")
     simulation: SimulationSettings = option(meaning="Flower's simulation engine on Ray")
@@ -222,6 +233,7 @@ def run_settings(cfg: DictConfig | dict[str, Any]) -> RunSettings:
             resume=values["resume"], replace=values["replace"],
             scene=scene, model=model, transforms=transforms,
             server=from_mapping(ServerSettings, values["server"], "server"),
+            participation=from_mapping(ParticipationSettings, values["participation"], "participation"),
             logging=from_mapping(LoggingSettings, values["logging"], "logging"),
             client=client, simulation=simulation, resolved=values,
         )

@@ -144,6 +144,9 @@ class FederatedStrategy(Strategy):
     settings: StrategySettings
     min_client_samples: ClassVar[int] = 1
     """The fewest samples a client may hold (LID needs a neighbour, a loss mixture two losses)."""
+    late_joiners: ClassVar[bool] = True
+    """Whether it works with clients that join late (``context.participation``); one that queries every
+    client in some round does not."""
     needs_parameter_names: ClassVar[bool] = False
     """Whether its state or its clients' follows the model's parameters by name (``context.parameter_names``)."""
     transient: ClassVar[frozenset[str]] = frozenset({
@@ -175,7 +178,12 @@ class FederatedStrategy(Strategy):
 
     @classmethod
     def check_run(cls, settings: StrategySettings, context: StrategyContext) -> None:
-        """Every check of ``settings`` that needs the run, before any work (``settings.check_run``)."""
+        """Every check of ``settings`` that needs the run, before any work (``settings.check_run``), and
+        late joiners only for a strategy that works with them."""
+        if context.participation.late and not cls.late_joiners:
+            share = len(context.participation.late) / context.num_clients
+            raise ConfigError(f"participation.late={share:g} is invalid: 0 with strategy={cls.name}, which "
+                              "queries every client in some rounds")
         settings.check_run(context)
 
     @property
@@ -197,6 +205,10 @@ class FederatedStrategy(Strategy):
     def history(self) -> list[RoundInfo]:
         """The rounds finished so far, across every stage that shares this run log."""
         return self.log.rounds
+
+    def present(self, server_round: int) -> list[int]:
+        """The clients that take part in round ``server_round`` (all but late joiners not yet joined)."""
+        return self.context.participation.present(self.federation.partition_ids, server_round)
 
     @property
     def comm_cost(self) -> int:

@@ -9,6 +9,7 @@ import numpy as np
 from flwr.app import ArrayRecord
 
 from strategies.ground_truth import GroundTruth
+from strategies.participation import Participation
 
 
 @dataclass(frozen=True)
@@ -19,6 +20,7 @@ class StrategyContext:
     num_clients: the federation's size; seed: the run's seed.
     comm_budget: the client participations this strategy may spend (None: its own rounds).
     skip_failed: drop a failed client from its round instead of stopping the run.
+    participation: which clients take part from which round (the late joiners).
     ground_truth: whether the run may read the scene's ground truth.
     iid: the scene's partition is IID (FedDiv's regulariser is on only for non-IID data).
     rng: the generator every client-sampling decision draws from (shared by nested strategies).
@@ -33,6 +35,7 @@ class StrategyContext:
     rng: np.random.Generator
     comm_budget: int | None = None
     skip_failed: bool = False
+    participation: Participation = Participation()
     ground_truth: bool = False
     iid: bool = True
     parameter_names: tuple[str, ...] = ()

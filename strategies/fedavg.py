@@ -120,8 +120,10 @@ class FedAvg(FederatedStrategy):
         return self.settings.round_size(len(self.federation.partition_ids))
 
     def select(self, server_round: int, arrays: ArrayRecord, grid: Grid) -> list[int]:
-        """The clients that train this round: a fresh uniform sample."""
-        return sample_clients(self.rng, self.federation.partition_ids, self.round_size())
+        """The clients that train this round: a fresh uniform sample of those taking part (all of
+        them when fewer take part than a round's size)."""
+        present = self.present(server_round)
+        return sample_clients(self.rng, present, min(self.round_size(), len(present)))
 
     def train_instruction(self, server_round: int) -> TrainIns:
         """What this round's clients are told to do (subclasses change the training or the plug-in):

@@ -20,6 +20,7 @@ last round left open. ``docs/fedcorr.md`` maps Algorithm 1 to this code.
 
 from __future__ import annotations
 
+import itertools
 import logging
 import math
 from collections.abc import Iterable, Mapping
@@ -30,7 +31,7 @@ import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
 from flwr.serverapp import Grid
 
-from common.errors import InvalidValue
+from common.errors import ConfigError, InvalidValue
 from common.mixture import GUARDS, above_lowest, high_component
 from common.validation import Checked, Flag, FolderPath, Interval, Options, from_mapping, option
 from protocol.codec import ProtocolError
@@ -41,6 +42,7 @@ from strategies.context import StrategyContext
 from strategies.fedavg import FedAvg, average_arrays, mean_train_loss
 from strategies.fedcorr_metrics import FedCorrMonitor
 from strategies.federation import Federation
+from strategies.participation import Participation
 from strategies.registry import strategy_classes
 from strategies.rounds import RoundSettings, rounds_left
 from strategies.sampling import round_size, sample_clients
@@ -71,10 +73,12 @@ def stage3_classes() -> dict[str, type[FedAvg]]:
     return {name: cls for name, cls in strategy_classes().items() if issubclass(cls, FedAvg) and cls.stage3}
 
 
+EVERYONE = Participation()
 _SHARE = Interval(float, 0.0, 1.0)
 _FRACTION = Interval(float, 0.0, 1.0, closed="right")
-CLIENT_SCORES = ("cumulative", "iteration")
+CLIENT_SCORES = ("cumulative", "iteration", "mean")
 CLIENT_COMPONENTS = ("two", "bic")
+JOINERS = ("as_clean", "preprocess")
 
 
 @dataclass(frozen=True)
@@ -106,9 +110,13 @@ class FedCorrSettings(StrategySettings):
     client_split_guard: str = option(Options(GUARDS), "none (the paper: always split) | bic | separation")
     client_score: str = option(Options(CLIENT_SCORES), "what stage 1 splits the clients on: cumulative (the "
                                                       "running sum of LID, Sec. 3.2) | iteration (this "
-                                                      "iteration's LID alone)")
+                                                      "iteration's LID alone) | mean (the running sum over "
+                                                      "the client's stage-1 iterations)")
     client_components: str = option(Options(CLIENT_COMPONENTS), "two (the paper's 2-component GMM) | bic (1 to 3 "
                                                                 "components by BIC; all but the lowest flagged)")
+    joiners: str = option(Options(JOINERS), "clients that join after stage 1: as_clean (the paper's rule: no "
+                                            "LID, mu_hat 0, so finetuned on) | preprocess (a stage-1 "
+                                            "iteration of their own first, split with everyone's scores)")
     stage1_eval: str = option(Options(STAGE1_EVAL), "when the server evaluates the global model in stage 1: "
                                                     "round (after every round) | iteration (after each "
                                                     "iteration's last round only)")
@@ -144,6 +152,21 @@ class FedCorrSettings(StrategySettings):
         for name in self.stage3_options:
             self.stage3_settings(name)
 
+    def check_joiners(self, context: StrategyContext) -> None:
+        """Late joiners come in at a stage-1 iteration's first round or at stage 2's, and not into a run
+        that takes over another run's stages 1-2."""
+        participation = context.participation
+        if not participation.late:
+            return
+        latest = self.stage1_ends(context.num_clients, participation)[self.t1 - 1] + 1
+        if not participation.joins_by(latest):
+            raise ConfigError(f"participation.join_round={participation.join_round} is invalid: at most {latest} "
+                              "with strategy=fedcorr (joiners come in at a stage-1 iteration's first round or at "
+                              f"stage 2's, round {latest})")
+        if self.stages12_from is not None:
+            raise ConfigError(f"participation.late={len(participation.late) / context.num_clients:g} is invalid: "
+                              "0 with strategy.stages12_from (the run taken over planned its stages without them)")
+
     def stage3_class(self, name: str | None = None) -> type[FedAvg]:
         """The class of stage-3 strategy ``name`` (default: ``stage3``; another name is a key of
         ``stage3_options``)."""
@@ -167,20 +190,32 @@ class FedCorrSettings(StrategySettings):
         assert isinstance(settings, RoundSettings)
         return settings
 
-    def stage1_rounds(self, num_clients: int) -> tuple[int, int]:
-        """The rounds of one stage-1 iteration (N/m1, rounded up) and of stage 1 (T1 iterations)."""
-        per_iteration = math.ceil(num_clients / self.stage1_round_size(num_clients))
-        return per_iteration, self.t1 * per_iteration
+    def stage1_sizes(self, num_clients: int, participation: Participation = EVERYONE) -> list[int]:
+        """The clients of each stage-1 iteration: those taking part at its first round. Joiners that
+        come after the T1 iterations get one more of their own with ``joiners=preprocess``."""
+        m1, clients = self.stage1_round_size(num_clients), range(num_clients)
+        sizes, start = [], 1
+        for _ in range(self.t1):
+            sizes.append(len(participation.present(clients, start)))
+            start += math.ceil(sizes[-1] / m1)
+        if sizes[-1] < num_clients and self.joiners == "preprocess":
+            sizes.append(num_clients - sizes[-1])
+        return sizes
+
+    def stage1_ends(self, num_clients: int, participation: Participation = EVERYONE) -> list[int]:
+        """The last round of each stage-1 iteration (rounds of m1 clients; the joiners' own included)."""
+        m1, sizes = self.stage1_round_size(num_clients), self.stage1_sizes(num_clients, participation)
+        return list(itertools.accumulate(math.ceil(size / m1) for size in sizes))
 
     def stage1_round_size(self, num_clients: int) -> int:
         """m1; without fraction scheduling stage 1 visits clients with the larger frac2."""
         fraction = self.frac2 if not self.ablation.fraction_scheduling else (self.frac1 or 1.0 / num_clients)
         return round_size(fraction, num_clients)
 
-    def stages12_rounds(self, num_clients: int) -> int:
-        """The rounds of stages 1 and 2: T1 iterations of N/m1 rounds, then the T2 rounds the ablation
-        keeps."""
-        return self.stage1_rounds(num_clients)[1] + (self.t2 if self.ablation.finetuning else 0)
+    def stages12_rounds(self, num_clients: int, participation: Participation = EVERYONE) -> int:
+        """The rounds of stages 1 and 2: the stage-1 iterations in rounds of m1, then the T2 rounds the
+        ablation keeps."""
+        return self.stage1_ends(num_clients, participation)[-1] + (self.t2 if self.ablation.finetuning else 0)
 
     def starts_from(self, num_clients: int) -> tuple[str, int] | None:
         """``stages12_from`` and the round its stages 1-2 end at; None when this run does them."""
@@ -190,10 +225,10 @@ class FedCorrSettings(StrategySettings):
         """The keys of the strategy block a run may change from the run it starts from: stage 3's."""
         return self.stage3_keys
 
-    def stages12_participations(self, num_clients: int) -> int:
-        """The client participations of stage 1 (T1 * N) and stage 2 (T2 * m)."""
+    def stages12_participations(self, num_clients: int, participation: Participation = EVERYONE) -> int:
+        """The client participations of stage 1 (T1 * N without late joiners) and stage 2 (T2 * m)."""
         finetuning = self.t2 * round_size(self.frac2, num_clients) if self.ablation.finetuning else 0
-        return self.t1 * num_clients + finetuning
+        return sum(self.stage1_sizes(num_clients, participation)) + finetuning
 
     def stage3_rounds(self, context: StrategyContext) -> int:
         """Stage 3's rounds: none without usual training; T3, or with a budget the rounds of frac2 N
@@ -202,11 +237,14 @@ class FedCorrSettings(StrategySettings):
             return 0
         if context.comm_budget is None:
             return self.t3
-        return rounds_left(context.comm_budget, self.stages12_participations(context.num_clients),
+        return rounds_left(context.comm_budget,
+                           self.stages12_participations(context.num_clients, context.participation),
                            round_size(self.frac2, context.num_clients), "FedCorr's stages 1-2")
 
     def check_run(self, context: StrategyContext) -> None:
-        """A budget must pay for stages 1-2, and stage 3 must work with its learner and the run."""
+        """Late joiners that come by stage 2, a budget that pays for stages 1-2, and a stage 3 that
+        works with its learner and the run."""
+        self.check_joiners(context)
         self.stage3_rounds(context)
         key = "strategy.train.learner" if self.stage3_learner is None else "strategy.stage3_learner"
         self.stage3_class().check_learner(self.stage3_training(), key)
@@ -243,6 +281,9 @@ class FedCorr(FederatedStrategy):
         self.iteration = 1
         self.mu_hat: dict[int, float] = {}
         self.cumulative: dict[int, float] = {}
+        self.visits: dict[int, int] = {}  # stage-1 iterations each client trained in
+        self.noisy: list[int] = []  # the clients the latest split flagged
+        self.latest_lid: dict[int, float] = {}  # each client's LID of the last iteration it trained in
         self.clean: list[int] = []
         self._chunks: list[list[int]] = []  # this iteration's rounds, in order
         self._next_chunk = 0
@@ -256,9 +297,10 @@ class FedCorr(FederatedStrategy):
         super().bind(federation)
         if self.stage3 is not None:
             self.stage3.bind(federation)
-        self.monitor = FedCorrMonitor(federation.partition_ids, self.context.truth)
+        self.monitor = FedCorrMonitor(federation.partition_ids, self.context.truth, self.context.participation.late)
         self.mu_hat = dict.fromkeys(federation.partition_ids, 0.0)
         self.cumulative = dict.fromkeys(federation.partition_ids, 0.0)
+        self.visits = dict.fromkeys(federation.partition_ids, 0)
 
     def summary(self) -> None:
         """Log FedCorr's settings."""
@@ -272,8 +314,7 @@ class FedCorr(FederatedStrategy):
         """m1 in stage 1; in stage 2 frac2 N, at most the clean clients (all clients until stage 1 has
         found them); stage 3's round size after."""
         num_clients = len(self.federation.partition_ids)
-        _, stage1 = self.settings.stage1_rounds(num_clients)
-        if server_round <= stage1:
+        if server_round <= self.stage1_ends()[-1]:
             return self.settings.stage1_round_size(num_clients)
         if server_round <= self.stages12_rounds():
             return min(round_size(self.settings.frac2, num_clients), len(self.clean) or num_clients)
@@ -292,22 +333,24 @@ class FedCorr(FederatedStrategy):
         files = self.stage3.result_arrays() if self.stage3 is not None else {}
         return {**files, **self.monitor.arrays()}
 
+    def stage1_ends(self) -> list[int]:
+        """The last round of each stage-1 iteration, late joiners' included."""
+        return self.settings.stage1_ends(len(self.federation.partition_ids), self.context.participation)
+
     def stages12_rounds(self) -> int:
         """The rounds of stages 1 and 2."""
-        return self.settings.stages12_rounds(len(self.federation.partition_ids))
+        return self.settings.stages12_rounds(len(self.federation.partition_ids), self.context.participation)
 
     def stage_ends(self) -> list[int]:
         """The last rounds of stage 1 and of stage 2 (one round when there is no finetuning)."""
-        _, stage1 = self.settings.stage1_rounds(len(self.federation.partition_ids))
-        return sorted({stage1, self.stages12_rounds()})
+        return sorted({self.stage1_ends()[-1], self.stages12_rounds()})
 
     def skips_evaluation(self, server_round: int) -> bool:
         """With ``stage1_eval=iteration``, every stage-1 round but each iteration's last. With m1 = 1
         such a round's global model is one client's weights, never the run's best; skipping its
         evaluation saves a pass over the test split (docs/fedcorr.md, "Evaluation cadence")."""
-        per_iteration, stage1 = self.settings.stage1_rounds(len(self.federation.partition_ids))
-        return (self.settings.stage1_eval == "iteration" and server_round <= stage1
-                and server_round % per_iteration != 0)
+        ends = self.stage1_ends()
+        return self.settings.stage1_eval == "iteration" and server_round <= ends[-1] and server_round not in ends
 
     def state(self) -> dict[str, Any]:
         """FedCorr's own state, and stage 3's under ``stage3`` (None without a stage 3)."""
@@ -342,9 +385,9 @@ class FedCorr(FederatedStrategy):
             return self.stage3.configure_train(server_round, arrays, config, grid)
         if self.stage == PREPROCESS:
             if not self._chunks:
-                clients = self.federation.partition_ids
+                clients = self._iteration_clients(server_round)
                 order = [int(pid) for pid in self.rng.permutation(clients)]
-                m1 = self.settings.stage1_round_size(len(clients))
+                m1 = self.settings.stage1_round_size(len(self.federation.partition_ids))
                 self._chunks = [order[start:start + m1] for start in range(0, len(order), m1)]
                 self._iteration_start = server_round
             chunk = self._chunks[self._next_chunk]
@@ -396,22 +439,49 @@ class FedCorr(FederatedStrategy):
         return instruction(TrainIns(server_round, training, plugin=PLUGIN), arrays=arrays,
                            plugin_ins=stage1, plugin=PLUGIN)
 
+    def _iteration_clients(self, server_round: int) -> list[int]:
+        """The clients of the stage-1 iteration starting at ``server_round``: those taking part; after
+        the T1 iterations, the late joiners alone (their own pass, ``joiners=preprocess``)."""
+        if self.iteration <= self.settings.t1:
+            return self.present(server_round)
+        return sorted(self.context.participation.late)
+
     def _read_stage1(self, content: RecordDict, sender: str) -> TrainReply:
         reply = self.read_train(content, sender)
         return TrainReply(reply.arrays, reply.result, read_extra(content, PLUGIN, LidRes, sender))
 
     def _end_iteration(self, arrays: ArrayRecord) -> None:
-        """Algorithm 1 lines 8-12: cumulative LID, the client split, noise estimates and relabelling."""
+        """Algorithm 1 lines 8-12: cumulative LID, the client split, noise estimates and relabelling.
+        The joiners' own iteration splits them with everyone's scores and keeps the others' results."""
         assert self.monitor is not None
         for pid, value in self._lid.items():
             self.cumulative[pid] += value
-        noisy = self._split_clients(self.cumulative if self.settings.client_score == "cumulative" else self._lid)
-        self.mu_hat = dict.fromkeys(self.mu_hat, 0.0)
-        corrected = self._correct(arrays, noisy, "stage1")
+            self.visits[pid] += 1
+        noisy = self._split_clients(self._client_scores())
+        if self.iteration > self.settings.t1:
+            noisy = [pid for pid in noisy if pid in self._lid]
+            self.mu_hat.update(dict.fromkeys(self._lid, 0.0))
+            corrected = self._correct(arrays, noisy, "stage1")
+            noisy = sorted(set(self.noisy) | set(noisy))
+        else:
+            self.mu_hat = dict.fromkeys(self.mu_hat, 0.0)
+            corrected = self._correct(arrays, noisy, "stage1")
         self.mu_hat.update({pid: float(res.mu_hat) for pid, res in corrected.items() if res.mu_hat is not None})
         self.monitor.end_iteration(self.iteration, self._lid, self.cumulative, noisy, self.mu_hat)
+        self.noisy = noisy
         self.iteration += 1
+        self.latest_lid = {**self.latest_lid, **self._lid}
         self._chunks, self._next_chunk, self._lid = [], 0, {}
+
+    def _client_scores(self) -> dict[int, float]:
+        """What the split reads, for every client that has trained in stage 1 (``client_score``); the
+        joiners' own iteration reads the others' last iteration's LID beside theirs."""
+        if self.settings.client_score == "iteration":
+            return self._lid if self.iteration <= self.settings.t1 else {**self.latest_lid, **self._lid}
+        visited = [pid for pid in self.federation.partition_ids if self.visits[pid]]
+        if self.settings.client_score == "mean":
+            return {pid: self.cumulative[pid] / self.visits[pid] for pid in visited}
+        return {pid: self.cumulative[pid] for pid in visited}
 
     def _split_clients(self, scores: Mapping[int, float]) -> list[int]:
         """The clients in the higher-mean GMM component of their LID scores (none when the guard, if
@@ -459,7 +529,7 @@ class FedCorr(FederatedStrategy):
         """Close whatever the rounds so far finished: an iteration, stage 1, stage 2 (in that order)."""
         if self.stage == PREPROCESS and self._chunks and self._next_chunk == len(self._chunks):
             self._end_iteration(arrays)
-            if self.iteration > self.settings.t1:
+            if self.iteration > len(self.stage1_ends()):
                 self._start_finetuning()
         if self.stage == FINETUNE and self._finetune_left == 0:
             self._end_finetuning(arrays)

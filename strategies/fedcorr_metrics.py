@@ -21,7 +21,13 @@ import numpy as np
 from common.run_files import CONFUSION, confusion_arrays
 from common.text import counted
 from protocol.fedcorr import CorrectRes
-from strategies.detection import mean_abs_error, missing_diagnostics, not_applicable, scored_detection
+from strategies.detection import (
+    detection_scores,
+    mean_abs_error,
+    missing_diagnostics,
+    not_applicable,
+    scored_detection,
+)
 from strategies.ground_truth import GroundTruth
 
 SPLIT_KEYS = ("split_tp", "split_fp", "split_fn", "split_tn")
@@ -40,9 +46,10 @@ class FedCorrMonitor:
     earlier iterations' corrections as error.
     """
 
-    def __init__(self, clients: list[int], truth: GroundTruth | None) -> None:
+    def __init__(self, clients: list[int], truth: GroundTruth | None, late: frozenset[int] = frozenset()) -> None:
         self.clients = list(clients)
         self.truth = truth
+        self.late = late
         # The true noise of each client's current labels; the clients' diagnostics update it.
         self.noise = dict(truth.true_noise) if truth else {}
         self.estimated_on: dict[int, float] = {}
@@ -203,10 +210,21 @@ class FedCorrMonitor:
                     mode: {"relabeled": n, "precision": self.changed_correct[mode] / n if n else None}
                     for mode, n in self.changed.items()},
                 "label_noise_not_available": unknown,
+                "late_joiners": self._late_joiners(),
                 # The counts themselves are in confusion.npz (``arrays``): M x M per client and point.
                 "confusion": {"file": CONFUSION, "clients": len(self.confusion)} if self.confusion else None,
             })
         return block
+
+    def _late_joiners(self) -> dict[str, Any] | None:
+        """How the clients that joined late were read: how many are noisy, how many of those were
+        flagged, and the detection among them alone (null without late joiners or with nothing to score)."""
+        if not self.late or self.truth is None:
+            return None
+        noisy, flagged = self.late & self.truth.noisy_clients, self.late & set(self.detected)
+        return {"clients": len(self.late), "noisy": len(noisy), "flagged": len(flagged),
+                "missed": len(noisy - flagged),
+                "detection": None if not_applicable(self.truth) else detection_scores(flagged, noisy)}
 
     def arrays(self) -> dict[str, dict[str, np.ndarray]]:
         """The run folder's array files (name -> arrays): the clients' confusion counts, if any came."""

@@ -195,6 +195,7 @@ class FedDiv(FedAvg):
     visiting every client once per iteration."""
 
     name = "feddiv"
+    late_joiners = False  # it queries every client in some rounds
     settings: FedDivSettings
     stage3 = False
     plugin = PLUGIN

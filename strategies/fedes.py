@@ -137,6 +137,7 @@ class FedES(FedAvg):
     scene's ground truth gives the oracle and the quality figures."""
 
     name = "fedes"
+    late_joiners = False  # it queries every client in some rounds
     settings: FedESSettings
     stage3 = False
     needs_parameter_names = True

@@ -136,6 +136,7 @@ class FedNoRo(FedAvg):
     as FedCorr's stage 3: its warm-up and detection are a run of their own."""
 
     name = "fednoro"
+    late_joiners = False  # it queries every client in some rounds
     settings: FedNoRoSettings
     learner = "ce"
     two_networks = False

@@ -59,16 +59,18 @@ class PowerOfChoice(FedAvg):
         super().__init__(settings, context, stage)
         self.loss_queries = 0
 
-    def candidates(self) -> list[int]:
-        """The round's pool: ``d`` distinct clients drawn with probability proportional to local set size."""
-        population = self.federation.partition_ids
+    def candidates(self, server_round: int) -> list[int]:
+        """The round's pool: ``d`` distinct clients of those taking part, drawn with probability
+        proportional to local set size (all of them when fewer than ``d`` take part)."""
+        population = self.present(server_round)
         sizes = np.array([self.federation.num_examples[pid] for pid in population], dtype=np.float64)
-        chosen = self.rng.choice(np.asarray(population), size=self.settings.d, replace=False, p=sizes / sizes.sum())
+        chosen = self.rng.choice(np.asarray(population), size=min(self.settings.d, len(population)), replace=False,
+                                 p=sizes / sizes.sum())
         return sorted(int(pid) for pid in chosen)
 
     def select(self, server_round: int, arrays: ArrayRecord, grid: Grid) -> list[int]:
         """The clients that train this round: the pool's highest losses under the global model."""
-        pool = self.candidates()
+        pool = self.candidates(server_round)
         query = instruction(arrays=arrays)
         losses = self.exchange(grid, {pid: query for pid in pool}, LOSS, _read_loss)
         self.loss_queries += len(losses)

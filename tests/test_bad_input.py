@@ -109,6 +109,12 @@ SIM_CASES = [
     ("strategy=feddiv strategy.zeta=2", "strategy.zeta=2"),
     ("strategy=fedes strategy.s1=100", "strategy.s1=100"),
     ("strategy=fedes strategy.rho_source=oracle ground_truth=false", "strategy.rho_source='oracle'"),
+    ("strategy.joiners=sometimes", "strategy.joiners='sometimes'"),
+    # dynamic participation
+    ("participation.late=1", "participation.late=1"),
+    ("participation.join_round=1", "participation.join_round=1"),
+    ("strategy=fednoro participation.late=0.3", "participation.late=0.3"),
+    ("participation.late=0.3 participation.join_round=500", "participation.join_round=500"),
 ]
 
 SCENE_CASES = [

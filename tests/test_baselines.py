@@ -248,7 +248,7 @@ def test_poc_candidates_follow_data_size():
     sizes = {0: 1, 1: 1, 2: 1, 3: 1, 4: 1000, 5: 1000}
     strategy = PowerOfChoice(strategy_settings("poc", d=2, num_rounds=1, fraction=0.2, train=TRAINING), context())
     strategy.bind(federation(sizes))
-    picks = [tuple(strategy.candidates()) for _ in range(50)]
+    picks = [tuple(strategy.candidates(1)) for _ in range(50)]
     assert picks.count((4, 5)) >= 45
 
 

@@ -436,14 +436,23 @@ def test_fedcorr_plus_columns_are_fedcorr_with_one_switch_each_at_the_same_budge
         "fedcorr", 600, 0.8, "fedcorr_noniid", 2)
     for column, overrides in plus_bench.PARTS.items():
         run = compose_config(plus_bench.cell_run("noniid-0.8", column, 2, []))
-        differing = [key for key in ("client_score", "client_components", "stage2_rows")
-                     if run.strategy[key] != paper.strategy[key]]
+        differing = [key for key in PLUS_SWITCHES if run.strategy[key] != paper.strategy[key]]
         assert len(differing) == 1 and f"strategy.{differing[0]}" in overrides[0], column
         assert run.out_dir.endswith(f"bench-fedcorr-plus/noniid-0.8/seed2/{column}")
+    for column, parts in plus_bench.COMBINED.items():
+        run = compose_config(plus_bench.cell_run("late-s2", column, 2, []))
+        differing = {key for key in PLUS_SWITCHES if run.strategy[key] != paper.strategy[key]}
+        assert differing == {plus_bench.PARTS[part][0].split("=")[0].removeprefix("strategy.") for part in parts}
+    late = compose_config(plus_bench.cell_run("late-s2", "paper", 1, []))
+    assert (late.participation.late, late.participation.join_round, late.noise.rho) == (0.3, 141, 0.6)
 
 
-def plus_run(f1, flagged, noise, precision, best, final):
-    return {"f1": f1, "flagged": flagged, "noise": noise, "precision": precision, "best": best, "final": final}
+PLUS_SWITCHES = ("client_score", "client_components", "stage2_rows", "joiners")
+
+
+def plus_run(f1, flagged, noise, precision, best, final, late_f1=None, late_missed=None):
+    return {"f1": f1, "flagged": flagged, "noise": noise, "precision": precision, "best": best, "final": final,
+            "late_f1": late_f1, "late_missed": late_missed}
 
 
 def test_fedcorr_plus_targets_say_which_are_met_and_by_what_figure_one_is_missed():
@@ -461,6 +470,11 @@ def test_fedcorr_plus_targets_say_which_are_met_and_by_what_figure_one_is_missed
         "iid-0.6: label noise <= 3.5% with precision >= 0.93: missed (4.50%, 0.910)",
         "best and final accuracy not below the paper's: missed (points under: iid-0.6 best 0.55)"]
     assert plus_bench.targets("paper", paper, paper)[1] == "no client flagged at clean: missed ([40])"
+    late = {"late-s2": [plus_run(0.99, 60, 0.07, 0.85, 0.88, 0.87, 0.0, 18.0),
+                        plus_run(0.99, 60, 0.07, 0.85, 0.88, 0.87, 0.95, 1.0)]}
+    assert plus_bench.targets("paper", late, {})[1] == (
+        "late-s2: late joiners' detection F1 >= 0.9 on every seed: missed (lowest 0.000; noisy joiners missed per "
+        "seed [18.0, 1.0])")
     payload = {"summary": {"best_acc": 0.88, "final_acc": 0.87},
                "fedcorr": {"detection": None, "detected_noisy_clients": [3, 4], "relabel_precision": 0.5,
                            "label_noise": {"after_stage2": 0.01}}}

@@ -1,0 +1,158 @@
+"""Dynamic participation: who joins late and when, the strategies that sample around the late joiners,
+and FedCorr's stage plan and reading of them under the paper's rule and its switches."""
+
+from __future__ import annotations
+
+import pytest
+from defaults import context, strategy_settings
+from inprocess import run
+from test_eval_cadence import SMOKE, bound
+
+from common.errors import ConfigError
+from strategies.fedavg import FedAvg
+from strategies.fedcorr import FedCorr
+from strategies.participation import Participation
+
+LATE = ["experiment=smoke", "participation.late=0.3"]
+
+
+def late_fedcorr(join_round: int, *overrides: str, num_clients: int = 10) -> FedCorr:
+    """Smoke FedCorr (T1 = 3) with 3 of 10 clients joining at ``join_round``."""
+    participation = Participation.drawn(num_clients, 0.3, join_round, seed=1)
+    strategy = FedCorr(strategy_settings("fedcorr", *SMOKE, *overrides),
+                       context(num_clients=num_clients, participation=participation))
+    bound(strategy, num_clients)
+    return strategy
+
+
+def test_the_late_joiners_are_an_exact_share_drawn_from_the_seed():
+    drawn = Participation.drawn(100, 0.3, 50, seed=1)
+    assert len(drawn.late) == 30 and drawn.late <= set(range(100))
+    assert drawn == Participation.drawn(100, 0.3, 50, seed=1)
+    assert drawn.late != Participation.drawn(100, 0.3, 50, seed=2).late
+    # 0.7 * 10 is 7.000000000000001 as floats; the share is taken as written.
+    assert len(Participation.drawn(10, 0.7, 5, seed=1).late) == 7
+    assert Participation.drawn(100, 0.0, 50, seed=1) == Participation()
+
+
+def test_a_late_joiner_takes_part_from_its_round_on():
+    participation = Participation(frozenset({1, 3}), join_round=4)
+    assert participation.present([0, 1, 2, 3], 3) == [0, 2]
+    assert participation.present([0, 1, 2, 3], 4) == [0, 1, 2, 3]
+    assert not participation.joins_by(3) and participation.joins_by(4)
+
+
+def test_fedavg_samples_only_clients_that_take_part():
+    participation = Participation(frozenset(range(5)), join_round=6)
+    strategy = bound(FedAvg(strategy_settings("fedavg", *SMOKE, num_rounds=10),
+                            context(num_clients=10, participation=participation)))
+    early = {pid for server_round in range(1, 6) for pid in strategy.select(server_round, None, None)}
+    late = {pid for server_round in range(6, 30) for pid in strategy.select(server_round, None, None)}
+    assert early == set(range(5, 10))
+    assert late == set(range(10))
+
+
+def test_fedavg_trains_everyone_present_when_fewer_take_part_than_a_round_holds():
+    participation = Participation(frozenset(range(8)), join_round=3)
+    strategy = bound(FedAvg(strategy_settings("fedavg", *SMOKE, num_rounds=10, fraction=0.5),
+                            context(num_clients=10, participation=participation)))
+    assert strategy.select(1, None, None) == [8, 9]
+    assert len(strategy.select(3, None, None)) == 5
+
+
+@pytest.mark.parametrize("join_round, sizes", [
+    (2, [7, 10, 10]),       # iteration 2 starts at round 8: they join there
+    (8, [7, 10, 10]),
+    (9, [7, 7, 10]),        # iteration 3 starts at round 15
+    (22, [7, 7, 7]),        # after stage 1 (round 22 is stage 2's first)
+])
+def test_fedcorr_lets_joiners_in_at_an_iterations_start(join_round, sizes):
+    strategy = late_fedcorr(join_round)
+    assert strategy.settings.stage1_sizes(10, strategy.context.participation) == sizes
+    ends = strategy.stage1_ends()
+    assert ends == [sum(sizes[:i + 1]) for i in range(3)]
+    assert strategy.stage_ends() == [ends[-1], ends[-1] + 5]
+    assert strategy.planned_rounds() == ends[-1] + 5 + 5
+
+
+def test_the_joiners_own_iteration_comes_after_stage_1_with_preprocess():
+    strategy = late_fedcorr(22, "strategy.joiners=preprocess")
+    assert strategy.settings.stage1_sizes(10, strategy.context.participation) == [7, 7, 7, 3]
+    assert strategy.stage1_ends() == [7, 14, 21, 24]
+    # Joiners that came in during stage 1 need no iteration of their own.
+    assert late_fedcorr(2, "strategy.joiners=preprocess").stage1_ends() == [7, 17, 27]
+
+
+def test_at_equal_cost_fewer_stage_1_participations_leave_stage_3_more_rounds():
+    settings = strategy_settings("fedcorr", *SMOKE)
+    everyone = context(num_clients=10, comm_budget=90)
+    late = context(num_clients=10, comm_budget=90, participation=Participation.drawn(10, 0.3, 22, seed=1))
+    assert settings.stages12_participations(10) == 30 + 15
+    assert settings.stages12_participations(10, late.participation) == 21 + 15
+    assert settings.stage3_rounds(late) == settings.stage3_rounds(everyone) + 3
+
+
+def test_fedcorr_refuses_joiners_after_stage_2_has_started():
+    settings = strategy_settings("fedcorr", *SMOKE)
+    FedCorr.check_run(settings, context(num_clients=10, participation=Participation.drawn(10, 0.3, 22, seed=1)))
+    with pytest.raises(ConfigError, match=r"^participation.join_round=23 is invalid: at most 22 "):
+        FedCorr.check_run(settings, context(num_clients=10, participation=Participation.drawn(10, 0.3, 23, seed=1)))
+
+
+def test_the_mean_score_splits_as_the_cumulative_one_without_late_joiners():
+    strategy = late_fedcorr(2)
+    strategy.visits = dict.fromkeys(range(10), 2)
+    strategy.cumulative = {pid: float(pid % 4) for pid in range(10)}
+    strategy.iteration = 3
+    cumulative = strategy._split_clients(strategy._client_scores())
+    strategy.settings = strategy_settings("fedcorr", *SMOKE, "strategy.client_score=mean")
+    assert strategy._split_clients(strategy._client_scores()) == cumulative
+
+
+def test_the_mean_score_reads_a_joiner_by_its_iterations_not_its_sum():
+    strategy = late_fedcorr(2, "strategy.client_score=mean")
+    late = strategy.context.participation.late
+    strategy.visits = {pid: 1 if pid in late else 2 for pid in range(10)}
+    # Noisy clients score 2 per iteration, clean ones 1: one noisy early client and one noisy joiner.
+    noisy_early, noisy_joiner = min(set(range(10)) - late), min(late)
+    noisy = {noisy_early, noisy_joiner}
+    strategy.cumulative = {pid: (2.0 if pid in noisy else 1.0) * strategy.visits[pid] for pid in range(10)}
+    strategy.iteration = 3
+    assert set(strategy._split_clients(strategy._client_scores())) == noisy
+    strategy.settings = strategy_settings("fedcorr", *SMOKE)
+    # The running sum puts the noisy joiner level with the clean early clients.
+    assert strategy._split_clients(strategy._client_scores()) == [noisy_early]
+
+
+def _joiner_run(join_round: int, *overrides: str) -> tuple[dict, frozenset[int]]:
+    payload = run([*LATE, f"participation.join_round={join_round}", *overrides])
+    return payload, Participation.drawn(10, 0.3, join_round, seed=1).late
+
+
+def test_under_the_papers_rule_joiners_after_stage_1_are_finetuned_on_unread():
+    payload, late = _joiner_run(22)
+    stage1 = [row for row in payload["rounds"] if row["stage"] == "preprocess"]
+    assert len(stage1) == 21 and not late & {pid for row in stage1 for pid in row["clients"]}
+    block = payload["fedcorr"]
+    assert all(set(map(int, it["lid"])) == set(range(10)) - late for it in block["iterations"])
+    assert late <= set(block["finetune_clients"])
+    joiners = block["late_joiners"]
+    assert (joiners["clients"], joiners["flagged"]) == (3, 0)
+    assert joiners["missed"] == joiners["noisy"]
+    trained_later = {pid for row in payload["rounds"] if row["stage"] != "preprocess" for pid in row["clients"]}
+    assert late & trained_later
+
+
+def test_with_preprocess_the_joiners_train_once_and_are_split_with_everyone():
+    payload, late = _joiner_run(22, "strategy.joiners=preprocess", "strategy.client_score=mean")
+    stage1 = [row for row in payload["rounds"] if row["stage"] == "preprocess"]
+    assert len(stage1) == 24
+    assert {pid for row in stage1[21:] for pid in row["clients"]} == late
+    iterations = payload["fedcorr"]["iterations"]
+    assert len(iterations) == 4 and set(map(int, iterations[3]["lid"])) == late
+    # The others keep the third iteration's reading and estimates; the joiners get the new split's.
+    before, after = set(iterations[2]["detected_noisy_clients"]), set(iterations[3]["detected_noisy_clients"])
+    assert after - late == before
+    assert all(iterations[3]["mu_hat"][str(k)] == iterations[2]["mu_hat"][str(k)] for k in set(range(10)) - late)
+    assert all(iterations[3]["mu_hat"][str(k)] == 0.0 for k in late - after)
+    assert payload["fedcorr"]["late_joiners"]["flagged"] == len(after & late)
