@@ -246,7 +246,7 @@ def stage2_round(overrides: list[str]) -> int:
     plan = load_run(planned(overrides)[0])
     settings = plan.strategy.settings
     assert isinstance(settings, FedCorrSettings)
-    return settings.stages12_rounds(plan.settings.num_clients)
+    return settings.stages12_rounds(plan.settings.num_clients, plan.context().participation)
 
 
 def inheritable(out_dir: str, checkpoint_round: int) -> bool:

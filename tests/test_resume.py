@@ -127,21 +127,26 @@ def assert_same_run(resumed: dict[str, Any], reference: dict[str, Any], tmp_path
 # One of each kind of state: FedCorr's stages with FedDyn's nodes' state in stage 3, FedDiv's filter and
 # priors, SCAFFOLD's control variates, PoC's losses. The SIGKILL tests of real processes
 # (tests/e2e/test_resume_e2e.py) add FedNoRo's and FedES's and repeat FedDiv's and SCAFFOLD's.
-KILLED = ("fedcorr", "feddiv", "poc", "scaffold")
+# And FedCorr with 3 of 10 clients joining at stage 2 and taking an iteration of their own (rounds 8-10).
+KILLED = {**{name: RUNS[name] for name in ("fedcorr", "feddiv", "poc", "scaffold")},
+          "fedcorr-late": f"{RUNS['fedcorr']} participation.late=0.3 participation.join_round=8 "
+                          "strategy.joiners=preprocess strategy.client_score=mean"}
 
 
 @pytest.mark.parametrize("name", KILLED)
 def test_a_run_killed_mid_round_resumes_to_the_uninterrupted_result(run_at, tmp_path, name):
-    reference, whole = run_at(RUNS[name], "reference")
+    reference, whole = run_at(KILLED[name], "reference")
     rounds = len(reference["rounds"])
     # Die about two thirds in, in the middle of a round's deliveries.
     kill_at = 10 + (len(whole.delivered) - 10) * 2 // 3
-    killed, grid = run_at(RUNS[name], "resumed", kill_at=kill_at)
+    killed, grid = run_at(KILLED[name], "resumed", kill_at=kill_at)
     assert killed is None and len(grid.delivered) == kill_at
     store = CheckpointStore(tmp_path / "resumed")
     assert store.latest() is not None and max(store.rounds()) < rounds, "killed after a checkpoint, before the end"
-    resumed, _ = run_at(f"{RUNS[name]} resume=true", "resumed")
+    resumed, _ = run_at(f"{KILLED[name]} resume=true", "resumed")
     assert_same_run(resumed, reference, tmp_path, ("resumed", "reference"))
+    if name == "fedcorr-late":  # the joiners' own iteration ran
+        assert len(reference["fedcorr"]["iterations"]) == 2
     if name == "fedcorr":  # its clients' confusion counts, half of them sent before the kill
         assert "confusion.npz" in array_files(tmp_path / "resumed")
 
