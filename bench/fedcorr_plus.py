@@ -58,6 +58,7 @@ PARTS: dict[str, list[str]] = {
     "bic-components": ["strategy.client_components=bic"],
     "stage2-subset": ["strategy.stage2_rows=noisy_subset"],
     "mean-lid": ["strategy.client_score=mean"],
+    "loss-share": ["strategy.client_score=loss_share"],
     "joiner-pass": ["strategy.joiners=preprocess"],
 }
 # Parts that work together: a joiner's own iteration gives it one LID, which only a per-iteration mean

@@ -31,17 +31,23 @@ STAGE2_ROWS = ("all", "noisy_subset")
 @dataclass(frozen=True)
 class Stage1Ins(Checked):
     """Stage-1 train instruction: compute the LID score with ``lid_k`` neighbours after training; with
-    ``keep_losses`` also keep the trained model's per-sample losses (client state) for the correction."""
+    ``keep_losses`` also keep the trained model's per-sample losses (client state) for the correction;
+    with ``loss_share`` also return the share of the local set a 2-component GMM on those losses puts
+    in its high-loss component (seeded from ``seed`` as the correction's split)."""
 
     lid_k: int = option(Interval(int, 1))
     keep_losses: bool = False
+    loss_share: bool = False
+    seed: int = 0
 
 
 @dataclass(frozen=True)
 class LidRes:
-    """Stage-1 train reply payload: the LID score of the trained local model on the local set (eq. 2)."""
+    """Stage-1 train reply payload: the LID score of the trained local model on the local set (eq. 2),
+    and when asked its loss share (``Stage1Ins.loss_share``)."""
 
     lid: float
+    loss_share: float | None = None
 
 
 @dataclass(frozen=True)

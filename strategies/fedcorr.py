@@ -76,7 +76,7 @@ def stage3_classes() -> dict[str, type[FedAvg]]:
 EVERYONE = Participation()
 _SHARE = Interval(float, 0.0, 1.0)
 _FRACTION = Interval(float, 0.0, 1.0, closed="right")
-CLIENT_SCORES = ("cumulative", "iteration", "mean")
+CLIENT_SCORES = ("cumulative", "iteration", "mean", "loss_share")
 CLIENT_COMPONENTS = ("two", "bic")
 JOINERS = ("as_clean", "preprocess")
 
@@ -111,7 +111,8 @@ class FedCorrSettings(StrategySettings):
     client_score: str = option(Options(CLIENT_SCORES), "what stage 1 splits the clients on: cumulative (the "
                                                       "running sum of LID, Sec. 3.2) | iteration (this "
                                                       "iteration's LID alone) | mean (the running sum over "
-                                                      "the client's stage-1 iterations)")
+                                                      "the client's stage-1 iterations) | loss_share (the "
+                                                      "share of its samples its loss GMM finds noisy)")
     client_components: str = option(Options(CLIENT_COMPONENTS), "two (the paper's 2-component GMM) | bic (1 to 3 "
                                                                 "components by BIC; all but the lowest flagged)")
     joiners: str = option(Options(JOINERS), "clients that join after stage 1: as_clean (the paper's rule: no "
@@ -284,11 +285,13 @@ class FedCorr(FederatedStrategy):
         self.visits: dict[int, int] = {}  # stage-1 iterations each client trained in
         self.noisy: list[int] = []  # the clients the latest split flagged
         self.latest_lid: dict[int, float] = {}  # each client's LID of the last iteration it trained in
+        self.latest_share: dict[int, float] = {}  # and its loss share then (client_score=loss_share)
         self.clean: list[int] = []
         self._chunks: list[list[int]] = []  # this iteration's rounds, in order
         self._next_chunk = 0
         self._iteration_start = 0  # the first round of the current stage-1 iteration
         self._lid: dict[int, float] = {}
+        self._shares: dict[int, float] = {}
         self._finetune_left = 0
         self._grid: Grid | None = None
 
@@ -412,6 +415,8 @@ class FedCorr(FederatedStrategy):
         if self.stage == PREPROCESS:
             good = self.collect(replies, self._read_stage1)
             self._lid.update({pid: reply.extra.lid for pid, reply in good.items()})
+            self._shares.update({pid: reply.extra.loss_share for pid, reply in good.items()
+                                 if reply.extra.loss_share is not None})
         else:
             good = self.collect(replies, self.read_train)
         arrays, train_loss = average_arrays(good), mean_train_loss(good)
@@ -435,7 +440,8 @@ class FedCorr(FederatedStrategy):
             prox_weight=s.beta * self.mu_hat[pid] if ablation.local_proximal else 0.0,
             prox_norm=s.prox_norm,
         )
-        stage1 = Stage1Ins(lid_k=s.lid_k, keep_losses="local" in (s.split_losses, s.rank_losses))
+        stage1 = Stage1Ins(lid_k=s.lid_k, keep_losses="local" in (s.split_losses, s.rank_losses),
+                           loss_share=s.client_score == "loss_share", seed=self.context.seed)
         return instruction(TrainIns(server_round, training, plugin=PLUGIN), arrays=arrays,
                            plugin_ins=stage1, plugin=PLUGIN)
 
@@ -448,7 +454,10 @@ class FedCorr(FederatedStrategy):
 
     def _read_stage1(self, content: RecordDict, sender: str) -> TrainReply:
         reply = self.read_train(content, sender)
-        return TrainReply(reply.arrays, reply.result, read_extra(content, PLUGIN, LidRes, sender))
+        extra = read_extra(content, PLUGIN, LidRes, sender)
+        if self.settings.client_score == "loss_share" and (extra.loss_share is None or not 0 <= extra.loss_share <= 1):
+            raise ProtocolError(sender, "loss-share", f"is {extra.loss_share}: a share in [0, 1] was asked for")
+        return TrainReply(reply.arrays, reply.result, extra)
 
     def _end_iteration(self, arrays: ArrayRecord) -> None:
         """Algorithm 1 lines 8-12: cumulative LID, the client split, noise estimates and relabelling.
@@ -467,17 +476,21 @@ class FedCorr(FederatedStrategy):
             self.mu_hat = dict.fromkeys(self.mu_hat, 0.0)
             corrected = self._correct(arrays, noisy, "stage1")
         self.mu_hat.update({pid: float(res.mu_hat) for pid, res in corrected.items() if res.mu_hat is not None})
-        self.monitor.end_iteration(self.iteration, self._lid, self.cumulative, noisy, self.mu_hat)
+        self.monitor.end_iteration(self.iteration, self._lid, self.cumulative, noisy, self.mu_hat, self._shares)
         self.noisy = noisy
         self.iteration += 1
         self.latest_lid = {**self.latest_lid, **self._lid}
-        self._chunks, self._next_chunk, self._lid = [], 0, {}
+        self.latest_share = {**self.latest_share, **self._shares}
+        self._chunks, self._next_chunk, self._lid, self._shares = [], 0, {}, {}
 
     def _client_scores(self) -> dict[int, float]:
         """What the split reads, for every client that has trained in stage 1 (``client_score``); the
         joiners' own iteration reads the others' last iteration's LID beside theirs."""
+        own_pass = self.iteration > self.settings.t1
         if self.settings.client_score == "iteration":
-            return self._lid if self.iteration <= self.settings.t1 else {**self.latest_lid, **self._lid}
+            return {**self.latest_lid, **self._lid} if own_pass else self._lid
+        if self.settings.client_score == "loss_share":
+            return {**self.latest_share, **self._shares} if own_pass else self._shares
         visited = [pid for pid in self.federation.partition_ids if self.visits[pid]]
         if self.settings.client_score == "mean":
             return {pid: self.cumulative[pid] / self.visits[pid] for pid in visited}

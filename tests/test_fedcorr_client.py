@@ -221,6 +221,24 @@ def test_stage1_training_keeps_the_trained_local_models_losses(run, incoming, no
     assert scalars and all(isinstance(value, (int, float, str, bool)) for value in scalars)
 
 
+def test_asked_for_it_stage1_training_returns_the_share_its_loss_gmm_finds_noisy(run, incoming, node_context):
+    """The loss share is the kept losses' high-loss share, seeded as the correction's split: the mu_hat
+    a stage-1 correction on those losses then estimates."""
+    overrides, _, arrays = run
+    context = node_context(overrides, 6)
+    content = instruction(TrainIns(3, TRAINING, plugin="fedcorr"), arrays=arrays, plugin="fedcorr",
+                          plugin_ins=Stage1Ins(lid_k=20, keep_losses=True, loss_share=True, seed=4))
+    share = read_extra(client_app.train(incoming(content, "train"), context).content, "fedcorr", LidRes,
+                       "client 6").loss_share
+    node = client_node.load_node(context)
+    kept = load_local_losses(context, node, since_round=3)
+    assert share == pytest.approx(loss_split(kept, int(rng_for(4, "loss-gmm/6").integers(2**31))).mean())
+    assert 0 < share < 1
+    assert share == pytest.approx(correct(incoming, context, arrays, seed=4, relabel=False).mu_hat)
+    unasked = read_extra(train_stage1(incoming, context, arrays).content, "fedcorr", LidRes, "client 6")
+    assert unasked.loss_share is None
+
+
 @pytest.fixture
 def disagreeing(run, node_context):
     """A client whose kept local losses flag the samples the global model finds easiest: the 25% with

@@ -64,6 +64,18 @@ def test_corrections_follow_each_iteration_and_stage_2(run_inprocess):
     assert sum(step["relabeled"] for step in steps.values()) == block["relabeled"]
 
 
+def test_the_loss_share_split_flags_the_clients_whose_losses_say_so_and_their_mu_hat_is_that_share(run_inprocess):
+    payload, _ = run_inprocess(SMALL + " strategy.train.epochs=2 strategy.client_score=loss_share")
+    for iteration in payload["fedcorr"]["iterations"]:
+        shares, mu_hat = iteration["loss_share"], iteration["mu_hat"]
+        assert set(shares) == {str(pid) for pid in range(N)}
+        flagged = iteration["detected_noisy_clients"]
+        assert flagged and min(shares[str(pid)] for pid in flagged) > max(
+            share for pid, share in shares.items() if int(pid) not in flagged)
+        # The correction splits the same kept losses with the same seed: mu_hat is the share sent.
+        assert all(mu_hat[str(pid)] == pytest.approx(shares[str(pid)]) for pid in flagged)
+
+
 def test_fraction_scheduling_sets_the_stage_1_round_size(run_inprocess):
     payload, _ = run_inprocess(f"{SMALL} strategy.frac1=0.3 strategy.t2=0 strategy.t3=0")
     assert [len(row["clients"]) for row in payload["rounds"]] == [3, 3, 3, 1] * 2

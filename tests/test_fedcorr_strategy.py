@@ -19,8 +19,8 @@ from test_fedavg import answer
 
 from common.errors import ConfigError
 from common.mixture import above_lowest
-from protocol.fedcorr import PLUGIN, CorrectIns, CorrectRes, LidRes
-from protocol.messages import LOSS, TrainIns, TrainStats, read_instruction, reply
+from protocol.fedcorr import PLUGIN, CorrectIns, CorrectRes, LidRes, Stage1Ins
+from protocol.messages import LOSS, TrainIns, TrainStats, read_instruction, read_plugin_ins, reply
 from strategies import fedcorr as fedcorr_module
 from strategies.base import ClientFailure
 from strategies.fedavg import FedAvg
@@ -136,9 +136,10 @@ def test_finetuning_rounds_carry_the_learners_schedule_from_stage_2s_first_round
     assert weights == pytest.approx([0.0, gamma / 4, gamma / 2, 3 * gamma / 4, gamma])
 
 
-def stage1_answer(message: Message, arrays: ArrayRecord, lid: float | None) -> Message:
-    """The addressed client's stage-1 reply: ``arrays``, and its LID score unless ``lid`` is None."""
-    extra = None if lid is None else LidRes(lid=lid)
+def stage1_answer(message: Message, arrays: ArrayRecord, lid: float | None, share: float | None = None) -> Message:
+    """The addressed client's stage-1 reply: ``arrays``, and its LID score (and loss share) unless
+    ``lid`` is None."""
+    extra = None if lid is None else LidRes(lid=lid, loss_share=share)
     return Message(content=reply(TrainStats(num_examples=10, train_loss=0.5, steps=1), arrays=arrays, extra=extra,
                                  plugin=PLUGIN), reply_to=message)
 
@@ -188,15 +189,17 @@ def test_a_round_after_the_last_is_one_clear_error():
         strategy.configure_train(36, ARRAYS, ConfigRecord(), None)
 
 
-def stage1_iterations(strategy: FedCorr, *lids: Callable[[int], float], grid: Any = None) -> None:
+def stage1_iterations(strategy: FedCorr, *lids: Callable[[int], float], grid: Any = None,
+                      share: Callable[[int], float] | None = None) -> None:
     """Stage-1 iterations over the smoke preset's 10 clients, one a round, each client replying in
-    iteration i with LID ``lids[i](pid)``; the round after the last closes its iteration (with
-    ``grid`` answering the corrections, if any)."""
+    iteration i with LID ``lids[i](pid)`` (and loss share ``share(pid)``, if given); the round after the
+    last closes its iteration (with ``grid`` answering the corrections, if any)."""
     rounds = range(1, 10 * len(lids) + 1)
     for server_round in rounds:
         (sent,) = strategy.configure_train(server_round, ARRAYS, ConfigRecord(), grid)
-        lid = lids[(server_round - 1) // 10](strategy.federation.partition_of(sent.metadata.dst_node_id))
-        strategy.aggregate_train(server_round, [stage1_answer(sent, ARRAYS, lid)])
+        pid = strategy.federation.partition_of(sent.metadata.dst_node_id)
+        answer = stage1_answer(sent, ARRAYS, lids[(server_round - 1) // 10](pid), None if share is None else share(pid))
+        strategy.aggregate_train(server_round, [answer])
     strategy.configure_train(rounds[-1] + 1, ARRAYS, ConfigRecord(), grid)
 
 
@@ -237,6 +240,24 @@ def test_the_client_score_is_the_running_sum_or_this_iterations_lid(flower_ident
         detected[score] = [it["detected_noisy_clients"] for it in strategy.monitor.iterations]
     assert detected["cumulative"] == [[7, 8, 9], [2, 3, 4, 7, 8, 9]], "sums of 10 against 2"
     assert detected["iteration"] == [[7, 8, 9], [2, 3, 4]], "iteration 1's LID no longer counts"
+
+
+def test_the_loss_share_score_asks_for_the_shares_and_splits_on_them(flower_identity):
+    strategy = fedcorr("strategy.client_score=loss_share")
+    (sent,) = strategy.configure_train(1, ARRAYS, ConfigRecord(), None)
+    asked = read_plugin_ins(sent.content, PLUGIN, Stage1Ins, "the server")
+    assert asked.loss_share and asked.seed == strategy.context.seed
+    assert not read_plugin_ins(fedcorr().configure_train(1, ARRAYS, ConfigRecord(), None)[0].content, PLUGIN,
+                               Stage1Ins, "the server").loss_share
+    pid = strategy.federation.partition_of(sent.metadata.dst_node_id)
+    for share in (None, 1.5):
+        with pytest.raises(ClientFailure, match=rf"^client {pid} sent a bad message: key 'loss-share' is {share}"):
+            strategy.aggregate_train(1, [stage1_answer(sent, ARRAYS, 4.0, share)])
+    # Every LID alike; clients 2, 5 and 8 find most of their samples noisy.
+    strategy = fedcorr("strategy.client_score=loss_share")
+    stage1_iterations(strategy, lambda pid: 5.0, grid=Correcting(CorrectRes(n_relabeled=0, mu_hat=0.6)),
+                      share=lambda pid: 0.7 if pid in (2, 5, 8) else 0.1)
+    assert strategy.monitor is not None and strategy.monitor.detected == [2, 5, 8]
 
 
 def test_bic_components_flag_every_client_outside_the_lowest_and_refuse_a_guard(flower_identity, monkeypatch):

@@ -64,6 +64,11 @@ def diagnostics(node: LocalNode, before: np.ndarray, after: np.ndarray,
     )
 
 
+def loss_gmm_seed(seed: int, node: LocalNode) -> int:
+    """The random_state of the client's loss GMMs: from the run's seed and its partition id."""
+    return int(rng_for(seed, f"loss-gmm/{node.partition_id}").integers(2**31))
+
+
 def correct(node: LocalNode, context: Context, content: RecordDict) -> RecordDict:
     """FedCorr's label correction (Sec. 3.2 steps 2-3, Sec. 3.3): new labels from the global model."""
     ins = read_instruction(content, CorrectIns)
@@ -72,7 +77,7 @@ def correct(node: LocalNode, context: Context, content: RecordDict) -> RecordDic
     labels = current_labels(context, node)
     losses, probabilities = loss_and_proba(model, node.data.images, labels, node.eval_transform, device=node.device)
     mu_hat, noisy = None, None
-    seed = int(rng_for(ins.seed, f"loss-gmm/{node.partition_id}").integers(2**31))
+    seed = loss_gmm_seed(ins.seed, node)
     if ins.mode == "stage1":
         def losses_of(model_name: str) -> np.ndarray:
             if model_name == "global":
@@ -108,7 +113,8 @@ class FedCorrPlugin(ClientPlugin):
                                                node.eval_transform, device=node.device)
         if stage1.keep_losses:
             store_local_losses(context, node, losses, ins.server_round)
-        return Trained(trained.model, trained.stats, LidRes(lid_score(probabilities, k=stage1.lid_k)))
+        share = float(loss_split(losses, loss_gmm_seed(stage1.seed, node)).mean()) if stage1.loss_share else None
+        return Trained(trained.model, trained.stats, LidRes(lid_score(probabilities, k=stage1.lid_k), share))
 
     def queries(self) -> Mapping[str, QueryHandler]:
         """``query.correct``: label correction."""
