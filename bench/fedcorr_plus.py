@@ -62,8 +62,10 @@ PARTS: dict[str, list[str]] = {
     "joiner-pass": ["strategy.joiners=preprocess"],
 }
 # Parts that work together: a joiner's own iteration gives it one LID, which only a per-iteration mean
-# compares with the others' sums of two.
-COMBINED: dict[str, tuple[str, ...]] = {"mean+pass": ("mean-lid", "joiner-pass")}
+# compares with the others' sums of two; BIC's number of components lets a split on loss shares find
+# one population of clients on clean labels.
+COMBINED: dict[str, tuple[str, ...]] = {"mean+pass": ("mean-lid", "joiner-pass"),
+                                        "share+bic": ("loss-share", "bic-components")}
 COLUMNS = ("paper", *PARTS, *COMBINED)
 # The issue's targets.
 MIN_F1 = 0.95
