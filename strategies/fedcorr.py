@@ -409,7 +409,9 @@ class FedCorr(FederatedStrategy):
     def aggregate_train(
         self, server_round: int, replies: Iterable[Message]
     ) -> tuple[ArrayRecord | None, MetricRecord | None]:
-        """Average the round's replies (stage 3: its own aggregation); stage 1 also keeps their LID scores."""
+        """Average the round's replies (stage 3: its own aggregation); stage 1 also keeps their LID scores.
+        The joiners' own iteration leaves the global model as stage 1 ended: with one client a round it
+        would become the last joiner's weights, fitted to its own labels, and those would relabel them."""
         if self.stage == USUAL and self.stage3 is not None:
             return self.stage3.aggregate_train(server_round, replies)
         if self.stage == PREPROCESS:
@@ -419,7 +421,10 @@ class FedCorr(FederatedStrategy):
                                  if reply.extra.loss_share is not None})
         else:
             good = self.collect(replies, self.read_train)
-        arrays, train_loss = average_arrays(good), mean_train_loss(good)
+        joiners_own = self.stage == PREPROCESS and self.iteration > self.settings.t1
+        assert self.global_arrays is not None
+        arrays = self.global_arrays if joiners_own else average_arrays(good)
+        train_loss = mean_train_loss(good)
         self.record_round(server_round, self.stage, list(good), train_loss, arrays)
         return arrays, MetricRecord({"train-loss": train_loss})
 

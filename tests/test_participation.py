@@ -148,6 +148,9 @@ def test_with_preprocess_the_joiners_train_once_and_are_split_with_everyone():
     stage1 = [row for row in payload["rounds"] if row["stage"] == "preprocess"]
     assert len(stage1) == 24
     assert {pid for row in stage1[21:] for pid in row["clients"]} == late
+    # Each joiner trains from stage 1's last global model, which the iteration leaves as it is.
+    accuracies = [row["test_acc"] for row in stage1[20:]]
+    assert accuracies[1:] == [accuracies[0]] * 3
     iterations = payload["fedcorr"]["iterations"]
     assert len(iterations) == 4 and set(map(int, iterations[3]["lid"])) == late
     # The others keep the third iteration's reading and estimates; the joiners get the new split's.
