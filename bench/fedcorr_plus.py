@@ -61,10 +61,11 @@ PARTS: dict[str, list[str]] = {
     "loss-share": ["strategy.client_score=loss_share"],
     "joiner-pass": ["strategy.joiners=preprocess"],
 }
-# Parts that work together: a joiner's own iteration gives it one LID, which only a per-iteration mean
-# compares with the others' sums of two; BIC's number of components lets a split on loss shares find
-# one population of clients on clean labels.
+# Parts that work together: a joiner's own iteration gives it one LID, which a per-iteration mean (or
+# a loss share, one per iteration) compares with the others' sums of two; BIC's number of components
+# lets a split on loss shares find one population of clients on clean labels.
 COMBINED: dict[str, tuple[str, ...]] = {"mean+pass": ("mean-lid", "joiner-pass"),
+                                        "share+pass": ("loss-share", "joiner-pass"),
                                         "share+bic": ("loss-share", "bic-components")}
 COLUMNS = ("paper", *PARTS, *COMBINED)
 # The issue's targets.
