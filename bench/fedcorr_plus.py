@@ -8,8 +8,10 @@ participations: T1 = 2, T2 = 20, stage 3 the rest), so every column costs the sa
 noise (rho, tau) at (0.4, 0.5), (0.6, 0.5) and (0.8, 0.5), IID (iid-<rho>) and non-IID (p, alpha_Dir)
 = (0.7, 10) (noniid-<rho>); clean labels (clean: (0, 0), IID); and (0.6, 0.5) IID with 30% of the
 clients joining late, at stage 1's second iteration (late-it2) or at stage 2 (late-s2). Columns:
-``paper`` (the defaults) and each candidate part alone, a named switch of conf/strategy/fedcorr.yaml
-(``PARTS``). Every switch and threshold is chosen on seeds 1-3 of these cells only.
+``paper`` (the defaults), each candidate part alone, a named switch of conf/strategy/fedcorr.yaml
+(``PARTS``), parts that work together (``COMBINED``), and ``plus``, FedCorr+ as
+conf/strategy/fedcorr_plus.yaml declares it. Every switch and threshold is chosen on seeds 1-3 of
+these cells only.
 
 Prints, per cell and column, mean ± std over the seeds: detection F1 and its lowest seed (at clean:
 how many clients were flagged), label noise after stage 2 and the relabel precision, best and final
@@ -67,7 +69,9 @@ PARTS: dict[str, list[str]] = {
 COMBINED: dict[str, tuple[str, ...]] = {"mean+pass": ("mean-lid", "joiner-pass"),
                                         "share+pass": ("loss-share", "joiner-pass"),
                                         "share+bic": ("loss-share", "bic-components")}
-COLUMNS = ("paper", *PARTS, *COMBINED)
+# FedCorr+ itself: the parts that measured better, as strategy=fedcorr_plus declares them.
+PLUS = "plus"
+COLUMNS = ("paper", *PARTS, *COMBINED, PLUS)
 # The issue's targets.
 MIN_F1 = 0.95
 MIN_LATE_F1 = 0.9
@@ -77,7 +81,8 @@ NOISE_CELL, MAX_NOISE, MIN_PRECISION = "iid-0.6", 0.035, 0.93
 def cell_run(cell: str, column: str, seed: int, extra: list[str], outputs: str = "outputs") -> list[str]:
     """All overrides of one run."""
     switches = [override for part in COMBINED.get(column, (column,)) for override in PARTS.get(part, [])]
-    return ["experiment=fmnist", "noise=fedcorr", *CELLS[cell], "strategy=fedcorr", *switches,
+    strategy = "fedcorr_plus" if column == PLUS else "fedcorr"
+    return ["experiment=fmnist", "noise=fedcorr", *CELLS[cell], f"strategy={strategy}", *switches,
             "comm_budget=600", *extra, f"seed={seed}",
             f"out_dir={outputs}/bench-fedcorr-plus/{cell}/seed{seed}/{column}"]
 

@@ -443,6 +443,9 @@ def test_fedcorr_plus_columns_are_fedcorr_with_one_switch_each_at_the_same_budge
         run = compose_config(plus_bench.cell_run("late-s2", column, 2, []))
         differing = {key for key in PLUS_SWITCHES if run.strategy[key] != paper.strategy[key]}
         assert differing == {plus_bench.PARTS[part][0].split("=")[0].removeprefix("strategy.") for part in parts}
+    plus = compose_config(plus_bench.cell_run("iid-0.6", "plus", 1, []))
+    assert plus.strategy == compose_config(["strategy=fedcorr_plus"]).strategy
+    assert plus.strategy.name == "fedcorr" and plus.strategy != paper.strategy
     late = compose_config(plus_bench.cell_run("late-s2", "paper", 1, []))
     assert (late.participation.late, late.participation.join_round, late.noise.rho) == (0.3, 141, 0.6)
 
