@@ -37,16 +37,18 @@ WORK = ROOT / "mutants"
 # The files of the mutation target and the fast-tier test files that reach each of them, directly or
 # through a client or strategy that uses them. More test files cost only the two whole-file runs
 # (stats, clean); each mutant runs just the tests that call its function.
-_FEDCORR_STRATEGY = ("tests/test_fedcorr_stages.py", "tests/test_fedcorr_metrics.py", "tests/test_eval_cadence.py")
+_FEDCORR_STRATEGY = ("tests/test_fedcorr_stages.py", "tests/test_fedcorr_metrics.py", "tests/test_eval_cadence.py",
+                     "tests/test_participation.py")
 _STRATEGY_CORE = ("tests/test_strategies.py", "tests/test_baselines.py", "tests/test_registry.py")
 TESTS: dict[str, tuple[str, ...]] = {
     "strategies/aggregation.py": ("tests/test_strategies.py", "tests/test_baselines.py"),
     "strategies/base.py": (*_STRATEGY_CORE, "tests/test_strategy_base.py", "tests/test_eval_cadence.py",
-                           "tests/test_feddiv.py", "tests/test_fedes.py", "tests/test_rfa.py"),
+                           "tests/test_feddiv.py", "tests/test_fedes.py", "tests/test_rfa.py",
+                           "tests/test_participation.py", "tests/test_bad_input.py"),
     "strategies/context.py": (*_STRATEGY_CORE, "tests/test_declared_constraints.py"),
     "strategies/detection.py": ("tests/test_fedcorr_metrics.py", "tests/test_feddiv.py", "tests/test_reply_fields.py"),
     "strategies/fedavg.py": (*_STRATEGY_CORE, "tests/test_eval_cadence.py", "tests/test_fedavg.py",
-                             "tests/test_progress.py"),
+                             "tests/test_progress.py", "tests/test_participation.py"),
     "strategies/fedcorr.py": (*_FEDCORR_STRATEGY, "tests/test_declared_constraints.py", "tests/test_progress.py",
                               "tests/test_fedcorr_strategy.py", "tests/test_learners.py", "tests/test_baselines.py"),
     "strategies/fedcorr_metrics.py": (*_FEDCORR_STRATEGY, "tests/test_fedcorr_monitor.py"),
@@ -61,7 +63,8 @@ TESTS: dict[str, tuple[str, ...]] = {
     "strategies/fednoro_detection.py": ("tests/test_fednoro.py",),
     "strategies/fedprox.py": ("tests/test_baselines.py",),
     "strategies/ground_truth.py": ("tests/test_fedcorr_metrics.py", "tests/test_feddiv.py", "tests/test_resume.py"),
-    "strategies/poc.py": ("tests/test_baselines.py",),
+    "strategies/participation.py": ("tests/test_participation.py",),
+    "strategies/poc.py": ("tests/test_baselines.py", "tests/test_participation.py"),
     "strategies/registry.py": ("tests/test_registry.py", "tests/test_declared_constraints.py"),
     "strategies/replies.py": ("tests/test_strategies.py",),
     "strategies/rfa.py": ("tests/test_rfa.py",),

@@ -5,13 +5,17 @@ from __future__ import annotations
 
 import pytest
 from defaults import context, strategy_settings
+from flwr.app import ConfigRecord
 from inprocess import run
 from test_eval_cadence import SMOKE, bound
+from test_fedcorr_strategy import ARRAYS, Correcting, stage1_answer
 
 from common.errors import ConfigError
+from protocol.fedcorr import CorrectRes
 from strategies.fedavg import FedAvg
 from strategies.fedcorr import FedCorr
 from strategies.participation import Participation
+from strategies.poc import PowerOfChoice
 
 LATE = ["experiment=smoke", "participation.late=0.3"]
 
@@ -58,6 +62,15 @@ def test_fedavg_trains_everyone_present_when_fewer_take_part_than_a_round_holds(
                             context(num_clients=10, participation=participation)))
     assert strategy.select(1, None, None) == [8, 9]
     assert len(strategy.select(3, None, None)) == 5
+
+
+def test_poc_draws_its_pool_from_the_clients_taking_part():
+    participation = Participation(frozenset(range(6)), join_round=3)
+    strategy = bound(PowerOfChoice(strategy_settings("poc", *SMOKE, num_rounds=5),
+                                   context(num_clients=10, participation=participation)))
+    assert strategy.settings.d > 4
+    assert strategy.candidates(2) == [6, 7, 8, 9], "fewer take part than the pool holds: all of them"
+    assert len(strategy.candidates(3)) == strategy.settings.d
 
 
 @pytest.mark.parametrize("join_round, sizes", [
@@ -122,6 +135,23 @@ def test_the_mean_score_reads_a_joiner_by_its_iterations_not_its_sum():
     strategy.settings = strategy_settings("fedcorr", *SMOKE)
     # The running sum puts the noisy joiner level with the clean early clients.
     assert strategy._split_clients(strategy._client_scores()) == [noisy_early]
+
+
+def test_fedcorr_counts_the_iterations_each_client_trained_in_and_reads_joiners_by_their_mean(flower_identity):
+    strategy = late_fedcorr(2, "strategy.client_score=mean")  # joiners from iteration 2 of 3
+    late = strategy.context.participation.late
+    noisy = {min(set(range(10)) - late), min(late)}
+    grid = Correcting(CorrectRes(n_relabeled=0, mu_hat=0.3))
+    trained: list[int] = []
+    for server_round in range(1, strategy.stage1_ends()[-1] + 1):
+        (sent,) = strategy.configure_train(server_round, ARRAYS, ConfigRecord(), grid)
+        pid = strategy.federation.partition_of(sent.metadata.dst_node_id)
+        trained.append(pid)
+        strategy.aggregate_train(server_round, [stage1_answer(sent, ARRAYS, 2.0 if pid in noisy else 1.0)])
+    strategy.configure_train(strategy.stage1_ends()[-1] + 1, ARRAYS, ConfigRecord(), grid)
+    assert not late & set(trained[:7]) and sorted(trained[7:17]) == list(range(10))
+    assert strategy.visits == {pid: 2 if pid in late else 3 for pid in range(10)}
+    assert strategy.monitor is not None and strategy.monitor.detected == sorted(noisy)
 
 
 def _joiner_run(join_round: int, *overrides: str) -> tuple[dict, frozenset[int]]:
