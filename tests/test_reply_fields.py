@@ -43,7 +43,9 @@ RUNS: dict[str, tuple[str, set[str]]] = {
     "fednoro": ("strategy=fednoro strategy.num_rounds=6", {"counts"}),
     "fednoro-counts": ("strategy=fednoro strategy.num_rounds=6 strategy.detect_counts=true", {"present"}),
     "feddiv": ("strategy=feddiv strategy.num_rounds=2", set()),
-    "fedcorr": ("strategy=fedcorr strategy.t1=1 strategy.t2=1 strategy.t3=1", set()),
+    "fedcorr": ("strategy=fedcorr strategy.t1=1 strategy.t2=1 strategy.t3=1", {"loss-share"}),
+    "fedcorr-share": ("strategy=fedcorr strategy.t1=1 strategy.t2=1 strategy.t3=1 strategy.client_score=loss_share",
+                      set()),
 }
 Sent = set[tuple[str, str, str]]
 
