@@ -154,6 +154,69 @@ def test_fedcorr_counts_the_iterations_each_client_trained_in_and_reads_joiners_
     assert strategy.monitor is not None and strategy.monitor.detected == sorted(noisy)
 
 
+class Asked(Correcting):
+    """Clients answering ``query.correct`` with mu_hat 0.3, noting whom each correction asked."""
+
+    def __init__(self) -> None:
+        super().__init__(CorrectRes(n_relabeled=0, mu_hat=0.3))
+        self.asked: list[list[int]] = []
+
+    def send_and_receive(self, messages, *, timeout=None):
+        messages = list(messages)
+        self.asked.append(sorted(int(m.metadata.dst_node_id) - 100 for m in messages))
+        return super().send_and_receive(messages, timeout=timeout)
+
+
+@pytest.mark.parametrize("score", ["iteration", "loss_share"])
+def test_the_joiners_own_iteration_splits_them_with_the_others_latest_scores(flower_identity, score):
+    """Early clients score 2 (noisy) or 1 (clean); the joiners 1.0 or 1.1, but one of them 2. Read with
+    the others' latest scores, only that one joins the noisy; read alone, the 1.1s would split off."""
+    strategy = late_fedcorr(22, "strategy.joiners=preprocess", f"strategy.client_score={score}")
+    late = sorted(strategy.context.participation.late)
+    noisy = {min(set(range(10)) - set(late)), late[0]}
+    value = {pid: 2.0 if pid in noisy else (1.1 if pid in late[1:2] else 1.0) for pid in range(10)}
+    grid = Asked()
+    ends = strategy.stage1_ends()
+    for server_round in range(1, ends[-1] + 1):
+        (sent,) = strategy.configure_train(server_round, ARRAYS, ConfigRecord(), grid)
+        pid = strategy.federation.partition_of(sent.metadata.dst_node_id)
+        lid, share = (value[pid], None) if score == "iteration" else (1.0, value[pid] / 4)
+        strategy.aggregate_train(server_round, [stage1_answer(sent, ARRAYS, lid, share)])
+    strategy.configure_train(ends[-1] + 1, ARRAYS, ConfigRecord(), grid)
+    assert ends == [7, 14, 21, 24]
+    assert grid.asked[-1] == [late[0]], "the pass corrects the flagged joiner alone"
+    assert strategy.monitor is not None and strategy.monitor.detected == sorted(noisy)
+    assert strategy.mu_hat[late[0]] == 0.3 and strategy.mu_hat[late[1]] == 0.0
+
+
+@pytest.mark.parametrize("score", ["iteration", "loss_share"])
+def test_clean_joiners_read_alone_would_split_but_read_with_the_others_are_clean(flower_identity, score):
+    """Six clean joiners of 20 score 1.0 or 1.3, the early clients 2 (noisy) or 1: beside the others the
+    joiners are all clean, though a split of their six scores alone would flag the 1.3s."""
+    strategy = late_fedcorr(47, "strategy.joiners=preprocess", f"strategy.client_score={score}", num_clients=20)
+    late = sorted(strategy.context.participation.late)
+    early_noisy = sorted(set(range(20)) - set(late))[:5]
+    value = {pid: 2.0 if pid in early_noisy else (1.3 if pid in late[:3] else 1.0) for pid in range(20)}
+    ends = strategy.stage1_ends()
+    assert len(late) == 6 and ends == [14, 28, 42, 48]
+    grid = Asked()
+    for server_round in range(1, ends[-1] + 1):
+        (sent,) = strategy.configure_train(server_round, ARRAYS, ConfigRecord(), grid)
+        pid = strategy.federation.partition_of(sent.metadata.dst_node_id)
+        lid, share = (value[pid], None) if score == "iteration" else (1.0, value[pid] / 4)
+        strategy.aggregate_train(server_round, [stage1_answer(sent, ARRAYS, lid, share)])
+    strategy.configure_train(ends[-1] + 1, ARRAYS, ConfigRecord(), grid)
+    assert strategy.monitor is not None and strategy.monitor.detected == early_noisy
+
+
+def test_a_loss_share_of_exactly_0_or_1_is_a_share(flower_identity):
+    strategy = late_fedcorr(22, "strategy.client_score=loss_share")
+    for server_round, share in ((1, 0.0), (2, 1.0)):
+        (sent,) = strategy.configure_train(server_round, ARRAYS, ConfigRecord(), None)
+        strategy.aggregate_train(server_round, [stage1_answer(sent, ARRAYS, 1.0, share)])
+    assert sorted(strategy._shares.values()) == [0.0, 1.0]
+
+
 def _joiner_run(join_round: int, *overrides: str) -> tuple[dict, frozenset[int]]:
     payload = run([*LATE, f"participation.join_round={join_round}", *overrides])
     return payload, Participation.drawn(10, 0.3, join_round, seed=1).late
@@ -178,9 +241,11 @@ def test_with_preprocess_the_joiners_train_once_and_are_split_with_everyone():
     stage1 = [row for row in payload["rounds"] if row["stage"] == "preprocess"]
     assert len(stage1) == 24
     assert {pid for row in stage1[21:] for pid in row["clients"]} == late
-    # Each joiner trains from stage 1's last global model, which the iteration leaves as it is.
+    # Each joiner trains from stage 1's last global model, which the iteration leaves as it is;
+    # iteration 3's rounds move it.
     accuracies = [row["test_acc"] for row in stage1[20:]]
     assert accuracies[1:] == [accuracies[0]] * 3
+    assert len({row["test_acc"] for row in stage1[14:21]}) > 1
     iterations = payload["fedcorr"]["iterations"]
     assert len(iterations) == 4 and set(map(int, iterations[3]["lid"])) == late
     # The others keep the third iteration's reading and estimates; the joiners get the new split's.
