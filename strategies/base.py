@@ -181,9 +181,8 @@ class FederatedStrategy(Strategy):
         """Every check of ``settings`` that needs the run, before any work (``settings.check_run``), and
         late joiners only for a strategy that works with them."""
         if context.participation.late and not cls.late_joiners:
-            share = len(context.participation.late) / context.num_clients
-            raise ConfigError(f"participation.late={share:g} is invalid: 0 with strategy={cls.name}, which "
-                              "queries every client in some rounds")
+            raise ConfigError(f"participation.late={context.participation.share(context.num_clients):g} is invalid: "
+                              f"0 with strategy={cls.name}, which queries every client in some rounds")
         settings.check_run(context)
 
     @property

@@ -165,7 +165,7 @@ class FedCorrSettings(StrategySettings):
                               "with strategy=fedcorr (joiners come in at a stage-1 iteration's first round or at "
                               f"stage 2's, round {latest})")
         if self.stages12_from is not None:
-            raise ConfigError(f"participation.late={len(participation.late) / context.num_clients:g} is invalid: "
+            raise ConfigError(f"participation.late={participation.share(context.num_clients):g} is invalid: "
                               "0 with strategy.stages12_from (the run taken over planned its stages without them)")
 
     def stage3_class(self, name: str | None = None) -> type[FedAvg]:

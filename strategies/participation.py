@@ -30,6 +30,10 @@ class Participation:
             return list(clients)
         return [pid for pid in clients if pid not in self.late]
 
+    def share(self, num_clients: int) -> float:
+        """The late joiners' share of a federation of ``num_clients``."""
+        return len(self.late) / num_clients
+
     def joins_by(self, server_round: int) -> bool:
         """Whether every client takes part in round ``server_round``."""
         return server_round >= self.join_round

@@ -112,6 +112,13 @@ def test_fedcorr_refuses_joiners_after_stage_2_has_started():
         FedCorr.check_run(settings, context(num_clients=10, participation=Participation.drawn(10, 0.3, 23, seed=1)))
 
 
+def test_fedcorr_refuses_late_joiners_in_a_run_that_takes_over_another_runs_stages_1_2(tmp_path):
+    settings = strategy_settings("fedcorr", *SMOKE, stages12_from=str(tmp_path))
+    with pytest.raises(ConfigError, match=r"^participation.late=0.3 is invalid: 0 with strategy.stages12_from "):
+        FedCorr.check_run(settings, context(num_clients=10, participation=Participation.drawn(10, 0.3, 22, seed=1)))
+    FedCorr.check_run(settings, context(num_clients=10))
+
+
 def test_the_mean_score_splits_as_the_cumulative_one_without_late_joiners():
     strategy = late_fedcorr(2)
     strategy.visits = dict.fromkeys(range(10), 2)
