@@ -148,17 +148,26 @@ def test_fedcorr_counts_the_iterations_each_client_trained_in_and_reads_joiners_
     strategy = late_fedcorr(2, "strategy.client_score=mean")  # joiners from iteration 2 of 3
     late = strategy.context.participation.late
     noisy = {min(set(range(10)) - late), min(late)}
-    grid = Correcting(CorrectRes(n_relabeled=0, mu_hat=0.3))
-    trained: list[int] = []
-    for server_round in range(1, strategy.stage1_ends()[-1] + 1):
-        (sent,) = strategy.configure_train(server_round, ARRAYS, ConfigRecord(), grid)
-        pid = strategy.federation.partition_of(sent.metadata.dst_node_id)
-        trained.append(pid)
-        strategy.aggregate_train(server_round, [stage1_answer(sent, ARRAYS, 2.0 if pid in noisy else 1.0)])
-    strategy.configure_train(strategy.stage1_ends()[-1] + 1, ARRAYS, ConfigRecord(), grid)
+    trained = run_stage1(strategy, {pid: 2.0 if pid in noisy else 1.0 for pid in range(10)}, Asked())
     assert not late & set(trained[:7]) and sorted(trained[7:17]) == list(range(10))
     assert strategy.visits == {pid: 2 if pid in late else 3 for pid in range(10)}
     assert strategy.monitor is not None and strategy.monitor.detected == sorted(noisy)
+
+
+def run_stage1(strategy: FedCorr, value: dict[int, float], grid: Correcting) -> list[int]:
+    """Every stage-1 round of ``strategy`` (one client a round), each client replying with score
+    ``value[pid]`` (its LID, or with ``client_score=loss_share`` a quarter of it as its share and LID 1),
+    then the round that closes stage 1; returns the clients in the order they trained."""
+    ends, trained = strategy.stage1_ends(), []
+    shares = strategy.settings.client_score == "loss_share"
+    for server_round in range(1, ends[-1] + 1):
+        (sent,) = strategy.configure_train(server_round, ARRAYS, ConfigRecord(), grid)
+        pid = strategy.federation.partition_of(sent.metadata.dst_node_id)
+        trained.append(pid)
+        lid, share = (1.0, value[pid] / 4) if shares else (value[pid], None)
+        strategy.aggregate_train(server_round, [stage1_answer(sent, ARRAYS, lid, share)])
+    strategy.configure_train(ends[-1] + 1, ARRAYS, ConfigRecord(), grid)
+    return trained
 
 
 class Asked(Correcting):
@@ -182,15 +191,9 @@ def test_the_joiners_own_iteration_splits_them_with_the_others_latest_scores(flo
     late = sorted(strategy.context.participation.late)
     noisy = {min(set(range(10)) - set(late)), late[0]}
     value = {pid: 2.0 if pid in noisy else (1.1 if pid in late[1:2] else 1.0) for pid in range(10)}
+    assert strategy.stage1_ends() == [7, 14, 21, 24]
     grid = Asked()
-    ends = strategy.stage1_ends()
-    for server_round in range(1, ends[-1] + 1):
-        (sent,) = strategy.configure_train(server_round, ARRAYS, ConfigRecord(), grid)
-        pid = strategy.federation.partition_of(sent.metadata.dst_node_id)
-        lid, share = (value[pid], None) if score == "iteration" else (1.0, value[pid] / 4)
-        strategy.aggregate_train(server_round, [stage1_answer(sent, ARRAYS, lid, share)])
-    strategy.configure_train(ends[-1] + 1, ARRAYS, ConfigRecord(), grid)
-    assert ends == [7, 14, 21, 24]
+    run_stage1(strategy, value, grid)
     assert grid.asked[-1] == [late[0]], "the pass corrects the flagged joiner alone"
     assert strategy.monitor is not None and strategy.monitor.detected == sorted(noisy)
     assert strategy.mu_hat[late[0]] == 0.3 and strategy.mu_hat[late[1]] == 0.0
@@ -204,15 +207,8 @@ def test_clean_joiners_read_alone_would_split_but_read_with_the_others_are_clean
     late = sorted(strategy.context.participation.late)
     early_noisy = sorted(set(range(20)) - set(late))[:5]
     value = {pid: 2.0 if pid in early_noisy else (1.3 if pid in late[:3] else 1.0) for pid in range(20)}
-    ends = strategy.stage1_ends()
-    assert len(late) == 6 and ends == [14, 28, 42, 48]
-    grid = Asked()
-    for server_round in range(1, ends[-1] + 1):
-        (sent,) = strategy.configure_train(server_round, ARRAYS, ConfigRecord(), grid)
-        pid = strategy.federation.partition_of(sent.metadata.dst_node_id)
-        lid, share = (value[pid], None) if score == "iteration" else (1.0, value[pid] / 4)
-        strategy.aggregate_train(server_round, [stage1_answer(sent, ARRAYS, lid, share)])
-    strategy.configure_train(ends[-1] + 1, ARRAYS, ConfigRecord(), grid)
+    assert len(late) == 6 and strategy.stage1_ends() == [14, 28, 42, 48]
+    run_stage1(strategy, value, Asked())
     assert strategy.monitor is not None and strategy.monitor.detected == early_noisy
 
 
