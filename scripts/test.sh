@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # Set up, then check and test everything: ruff (pyflakes, pycodestyle, import order, docstrings), mypy,
 # the import contract of the layers (import-linter), and the whole pytest suite: the fast in-process tier
-# on every core, then the end-to-end tier serially (its tests start Ray, which takes the machine), with
-# the deployment tests beside it (they mostly wait on Flower's fixed 3 s polls and 30 s heartbeats and
-# start no Ray), but the deployment recovery tests (several minutes each: `bash scripts/test.sh -m recovery`).
+# on every core, then the end-to-end tier two test files at a time (a file's tests on one worker, so a
+# module's shared run is made once; the tier waits on Ray's start-up and on subprocesses more than it
+# computes, about half a core on average when run serially), with the deployment tests beside it (they
+# mostly wait on Flower's fixed 3 s polls and 30 s heartbeats and start no Ray), but the deployment
+# recovery tests (several minutes each: `bash scripts/test.sh -m recovery`).
 # Arguments replace that: they go to one pytest call, e.g. `bash scripts/test.sh tests/test_resume.py`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -24,11 +26,11 @@ set +m
 # Should this script stop early, the deployment tests stop as on Ctrl-C: their fixtures end the federations.
 trap 'kill -INT -- "-$deploy" 2>/dev/null || true; wait "$deploy" 2>/dev/null || true; rm -f "$deploy_log"' EXIT
 echo "[test] end-to-end (the deployment tests run beside it; their report follows)"
-serial=0 deployed=0
+e2e=0 deployed=0
 .venv/bin/python -m pytest -m "e2e and not recovery" --ignore=tests/e2e/test_deploy.py -p no:cacheprovider \
-    --durations=15 || serial=$?
+    -n 2 --dist loadfile --durations=15 || e2e=$?
 wait "$deploy" || deployed=$?
 trap 'rm -f "$deploy_log"' EXIT
 echo "[test] end-to-end: deployment tests"
 cat "$deploy_log"
-[ "$serial" -eq 0 ] && [ "$deployed" -eq 0 ]
+[ "$e2e" -eq 0 ] && [ "$deployed" -eq 0 ]
