@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import fnmatch
+import importlib.util
 import re
 import shutil
 import subprocess
@@ -200,6 +201,11 @@ def main() -> int:
         parser.error(f"give files declared in TESTS (--list shows them); unknown: {' '.join(unknown) or 'none given'}")
     if args.only and len(files) != 1:
         parser.error("--only takes one file: mutant names belong to one file")
+    if importlib.util.find_spec("mutmut") is None:
+        # Not installed by scripts/setup.sh: CI does not mutate, and the extra pins a tool only this uses.
+        print("error: bench/mutation.py needs mutmut, the mutation extra: "
+              ".venv/bin/python -m pip install -e \".[mutation]\"", file=sys.stderr)
+        return 2
     if args.in_process:
         return mutate(files[0], args.only)
     # One process per file: mutmut imports the mutated modules and keeps its state in module globals.

@@ -482,3 +482,16 @@ def test_fedcorr_plus_targets_say_which_are_met_and_by_what_figure_one_is_missed
                "fedcorr": {"detection": None, "detected_noisy_clients": [3, 4], "relabel_precision": 0.5,
                            "label_noise": {"after_stage2": 0.01}}}
     assert plus_bench.figures(payload) == plus_run(None, 2.0, 0.01, 0.5, 0.88, 0.87)
+
+
+def test_the_mutation_bench_without_mutmut_says_how_to_install_it_before_any_work(monkeypatch, capsys):
+    mutation = load_bench("mutation")
+    find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *rest: None if name == "mutmut"
+                        else find_spec(name, *rest))
+    monkeypatch.setattr(mutation, "WORK", Path("/nonexistent/mutants"))  # a run would empty this folder first
+    monkeypatch.setattr(mutation.subprocess, "run", lambda *args, **kwargs: pytest.fail("a file was mutated"))
+    monkeypatch.setattr(sys, "argv", ["bench/mutation.py", "task/lid.py"])
+    assert mutation.main() == 2
+    assert capsys.readouterr().err == (
+        'error: bench/mutation.py needs mutmut, the mutation extra: .venv/bin/python -m pip install -e ".[mutation]"\n')
