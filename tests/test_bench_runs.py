@@ -14,6 +14,7 @@ import shutil
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 from omegaconf import OmegaConf
 
@@ -495,3 +496,24 @@ def test_the_mutation_bench_without_mutmut_says_how_to_install_it_before_any_wor
     assert mutation.main() == 2
     assert capsys.readouterr().err == (
         'error: bench/mutation.py needs mutmut, the mutation extra: .venv/bin/python -m pip install -e ".[mutation]"\n')
+
+
+def test_relabel_rules_keep_a_likely_or_close_second_label_and_the_floor_relabels_only_where_it_helps():
+    relabel = load_bench("relabel_rules")
+    labels = np.array([0, 1, 2, 2])
+    probabilities = np.array([[0.1, 0.8, 0.1],     # confident, label unlikely: every rule takes the argmax
+                              [0.55, 0.4, 0.05],   # the label is second, 0.15 behind
+                              [0.6, 0.1, 0.3],     # the label is second, 0.3 behind, at probability 0.3
+                              [0.45, 0.1, 0.45]])  # under theta: kept by every rule
+    assert relabel.theta_rule(0.5)(labels, probabilities).tolist() == [1, 0, 0, 2]
+    assert relabel.theta_rule(0.7)(labels, probabilities).tolist() == [1, 1, 2, 2]
+    assert relabel.keep_likely(0.5, 0.35)(labels, probabilities).tolist() == [1, 1, 0, 2]
+    assert relabel.keep_second(0.5, 0.2)(labels, probabilities).tolist() == [1, 1, 0, 2]
+    assert relabel.keep_second(0.5, 0.5)(labels, probabilities).tolist() == [1, 1, 2, 2]
+    truth = np.array([1, 0, 2, 1])
+    run = relabel.Stage2(theta=0.5, corrected={7: (truth, labels, labels, probabilities)}, others_wrong=5,
+                         samples=100)
+    # The paper's rule: 2 changes right (rows 0, 1), 1 wrong (row 2); row 3 stays wrong.
+    assert relabel.replay(run, relabel.theta_rule(0.5)) == (3, 2, 2 + 5)
+    # The floor changes exactly the rows whose label is wrong and argmax right: row 3 has neither.
+    assert relabel.replay(run, None) == (2, 2, 1 + 5)

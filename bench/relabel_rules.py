@@ -1,0 +1,196 @@
+"""FedCorr's stage-2 relabelling replayed on finished runs under other rules: how much label noise each
+rule would leave, and the floor no keep-or-relabel rule can go under with that run's global model.
+
+    .venv/bin/python bench/relabel_rules.py RUN_DIR [RUN_DIR ...]
+
+A run folder of a finished FedCorr simulation (``ground_truth=true``) holds what its stage-2 correction
+used: the global model at stage 2's end (the stage-end checkpoint), each client's labels before it
+(``client_state/``: the node's label versions by round) and the scene's true labels. Every client outside
+the finetuning set is corrected again here with that model's softmax outputs on its samples
+(evaluation transforms, as the client computes them), once per rule; the other clients' labels stay as
+the run left them. The paper's rule is replayed first and must give the labels the run stored, sample for
+sample, or the script stops: the replay then reads the run as it happened.
+
+Rules (each decides per sample between the label it has and the model's argmax):
+- ``theta=<t>``: the argmax where the max probability is >= t (the paper: t = strategy.theta, 0.5);
+- ``keep p(label)>=<k>``: as the paper, but a label the model gives probability >= k stays;
+- ``keep 2nd, margin<<d>``: as the paper, but a label that is the model's second choice within d of the
+  first stays;
+- ``floor``: the argmax exactly where it is right and the label is not; what any such rule leaves at best.
+
+Prints per run and rule: labels changed, their precision, and the label noise over all samples after
+stage 2 (as results.json's ``label_noise.after_stage2``), then the part of that noise on the clients
+stage 2 does not correct (the finetuning set), which no rule here touches.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from runs import ConfigError, main_with_clear_errors
+
+from client.state_store import versions
+from data.client_data import client_data
+from data.scene import SCENE_FILE, Scene
+from server.checkpoints import CheckpointStore, read_checkpoint
+from settings.run import run_settings
+from task.build import model_for, transforms_for
+from task.evaluation import loss_and_proba
+
+LABELS = "fedcorr-labels"
+Rule = Callable[[np.ndarray, np.ndarray], np.ndarray]  # (labels, probabilities) -> the new labels
+
+
+def theta_rule(theta: float) -> Rule:
+    """The paper's: the argmax where the max probability is >= theta."""
+    def rule(labels: np.ndarray, probabilities: np.ndarray) -> np.ndarray:
+        return np.where(probabilities.max(axis=1) >= theta, probabilities.argmax(axis=1), labels)
+    return rule
+
+
+def keep_likely(theta: float, kept: float) -> Rule:
+    """The paper's rule, but a label the model gives probability >= ``kept`` stays."""
+    def rule(labels: np.ndarray, probabilities: np.ndarray) -> np.ndarray:
+        given = probabilities[np.arange(labels.size), labels]
+        return np.where(given >= kept, labels, theta_rule(theta)(labels, probabilities))
+    return rule
+
+
+def keep_second(theta: float, margin: float) -> Rule:
+    """The paper's rule, but a label that is the model's second choice within ``margin`` of its first stays."""
+    def rule(labels: np.ndarray, probabilities: np.ndarray) -> np.ndarray:
+        order = np.argsort(-probabilities, axis=1, kind="stable")
+        first = probabilities[np.arange(labels.size), order[:, 0]]
+        second = probabilities[np.arange(labels.size), order[:, 1]]
+        close = (order[:, 1] == labels) & (first - second < margin)
+        return np.where(close, labels, theta_rule(theta)(labels, probabilities))
+    return rule
+
+
+@dataclass(frozen=True)
+class Stage2:
+    """What a run's stage-2 correction saw: per corrected client, its true labels, its labels before
+    and after, and the global model's probabilities; and the labels of every other client."""
+
+    theta: float
+    corrected: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]]
+    others_wrong: int
+    samples: int
+
+
+def label_version(run_dir: Path, client: int, before: int | None) -> tuple[int, np.ndarray] | None:
+    """The newest stored labels of ``client`` (before round ``before`` when given), with their round."""
+    folders = sorted((run_dir / "client_state").glob(f"run-*/partition-{client}/{LABELS}"))
+    found = [version for folder in folders for version in versions(folder)
+             if before is None or version.round < before]
+    if not found:
+        return None
+    newest = max(found, key=lambda version: version.round)
+    return newest.round, np.load(newest.path)["labels"]
+
+
+def stage2(run_dir: Path) -> Stage2:
+    """Read what the run's stage-2 correction used (see the module's docstring)."""
+    payload = json.loads((run_dir / "results.json").read_text())
+    if not payload.get("complete") or "fedcorr" not in payload:
+        raise ConfigError(f"{run_dir} holds no finished FedCorr run")
+    config, block = payload["config"], payload["fedcorr"]
+    end = max(row["round"] for row in payload["rounds"] if row.get("stage") == "finetune")
+    checkpoint = CheckpointStore(run_dir).at(end)
+    if checkpoint is None:
+        raise ConfigError(f"{run_dir} keeps no checkpoint of stage 2's end (round {end})")
+    settings = run_settings(config)
+    dataset = settings.scene.dataset.load()
+    scene = Scene.load(run_dir / SCENE_FILE)
+    model = model_for(settings.model, dataset, settings.transforms)
+    model.load_state_dict({name: torch.from_numpy(np.array(value)) for name, value in
+                           read_checkpoint(checkpoint).arrays.items()})
+    _, evaluation = transforms_for(settings.transforms, dataset)
+    finetuned = set(block["finetune_clients"])
+    corrected, others_wrong = {}, 0
+    for client in range(settings.num_clients):
+        data = client_data(scene, dataset, client)
+        after = label_version(run_dir, client, None)
+        if client in finetuned:
+            labels = data.labels if after is None else after[1]
+            others_wrong += int(np.sum(labels != data.true_labels))
+            continue
+        if after is None or after[0] <= end:
+            raise ConfigError(f"{run_dir}: client {client} was corrected in stage 2 but keeps no labels from after it")
+        before = label_version(run_dir, client, after[0])
+        labels = data.labels if before is None else before[1]
+        _, probabilities = loss_and_proba(model, data.images, labels, evaluation)
+        corrected[client] = (data.true_labels, labels, after[1], probabilities)
+    return Stage2(float(config["strategy"]["theta"]), corrected, others_wrong, len(scene.true_labels))
+
+
+def replay(run: Stage2, rule: Rule | None) -> tuple[int, int, int]:
+    """(labels changed, of them right, wrong labels over all samples) under ``rule`` (None: the floor)."""
+    changed = right = wrong = 0
+    for truth, labels, _, probabilities in run.corrected.values():
+        if rule is None:
+            predicted = probabilities.argmax(axis=1)
+            new = np.where((labels != truth) & (predicted == truth), predicted, labels)
+        else:
+            new = rule(labels, probabilities)
+        moved = new != labels
+        changed += int(moved.sum())
+        right += int(np.sum(moved & (new == truth)))
+        wrong += int(np.sum(new != truth))
+    return changed, right, wrong + run.others_wrong
+
+
+def rules(theta: float) -> dict[str, Rule | None]:
+    """The rules compared, the paper's first."""
+    return {f"theta={theta:g} (paper)": theta_rule(theta),
+            **{f"theta={t:g}": theta_rule(t) for t in (0.7, 0.9) if t > theta},
+            **{f"keep p(label)>={k:g}": keep_likely(theta, k) for k in (0.05, 0.1, 0.2)},
+            **{f"keep 2nd, margin<{d:g}": keep_second(theta, d) for d in (0.2, 0.5)},
+            "floor": None}
+
+
+def check_replay(run_dir: Path, run: Stage2) -> None:
+    """The paper's rule must give the labels the run stored after stage 2, on every corrected client."""
+    paper = theta_rule(run.theta)
+    differ = [client for client, (_, labels, after, probabilities) in run.corrected.items()
+              if not np.array_equal(paper(labels, probabilities), after)]
+    if differ:
+        raise ConfigError(f"{run_dir}: replaying stage 2 with theta={run.theta:g} does not give the stored labels "
+                          f"of clients {differ[:8]}; the run used another rule (strategy.stage2_rows?) or model")
+
+
+def report(run_dir: Path) -> list[dict[str, Any]]:
+    """Print one run's table; return its rows."""
+    run = stage2(run_dir)
+    check_replay(run_dir, run)
+    print(f"\n{run_dir}: {len(run.corrected)} clients corrected in stage 2; the finetuning set's wrong labels "
+          f"{100 * run.others_wrong / run.samples:.2f}% of all samples")
+    print(f"{'rule':<24} {'changed':>8} {'precision':>9} {'label noise':>11}")
+    rows = []
+    for name, rule in rules(run.theta).items():
+        changed, right, wrong = replay(run, rule)
+        precision = right / changed if changed else float("nan")
+        print(f"{name:<24} {changed:>8} {precision:>9.3f} {100 * wrong / run.samples:>10.2f}%")
+        rows.append({"rule": name, "changed": changed, "precision": precision, "noise": wrong / run.samples})
+    return rows
+
+
+def main() -> None:
+    """Print the table of each run given."""
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("runs", nargs="+", type=Path, metavar="RUN_DIR")
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    for run_dir in args.runs:
+        report(run_dir)
+
+
+if __name__ == "__main__":
+    main_with_clear_errors(main)
