@@ -59,6 +59,7 @@ PARTS: dict[str, list[str]] = {
     "iteration-lid": ["strategy.client_score=iteration"],
     "bic-components": ["strategy.client_components=bic"],
     "stage2-subset": ["strategy.stage2_rows=noisy_subset"],
+    "stage2-keep": ["strategy.stage2_keep=0.2"],
     "mean-lid": ["strategy.client_score=mean"],
     "loss-share": ["strategy.client_score=loss_share"],
     "joiner-pass": ["strategy.joiners=preprocess"],

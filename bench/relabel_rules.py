@@ -8,12 +8,13 @@ used: the global model at stage 2's end (the stage-end checkpoint), each client'
 (``client_state/``: the node's label versions by round) and the scene's true labels. Every client outside
 the finetuning set is corrected again here with that model's softmax outputs on its samples
 (evaluation transforms, as the client computes them), once per rule; the other clients' labels stay as
-the run left them. The paper's rule is replayed first and must give the labels the run stored, sample for
+the run left them. The run's own rule is replayed first and must give the labels the run stored, sample for
 sample, or the script stops: the replay then reads the run as it happened.
 
 Rules (each decides per sample between the label it has and the model's argmax):
 - ``theta=<t>``: the argmax where the max probability is >= t (the paper: t = strategy.theta, 0.5);
-- ``keep p(label)>=<k>``: as the paper, but a label the model gives probability >= k stays;
+- ``stage2_keep=<k>``: as the paper, but a label the model gives probability >= k stays (the switch
+  ``strategy.stage2_keep``, through the client's own function);
 - ``keep 2nd, margin<<d>``: as the paper, but a label that is the model's second choice within d of the
   first stays;
 - ``floor``: the argmax exactly where it is right and the label is not; what any such rule leaves at best.
@@ -42,24 +43,18 @@ from data.scene import SCENE_FILE, Scene
 from server.checkpoints import CheckpointStore, read_checkpoint
 from settings.run import run_settings
 from task.build import model_for, transforms_for
+from task.correction import stage2_relabel
 from task.evaluation import loss_and_proba
 
 LABELS = "fedcorr-labels"
 Rule = Callable[[np.ndarray, np.ndarray], np.ndarray]  # (labels, probabilities) -> the new labels
 
 
-def theta_rule(theta: float) -> Rule:
-    """The paper's: the argmax where the max probability is >= theta."""
+def theta_rule(theta: float, keep: float | None = None) -> Rule:
+    """The client's stage-2 correction: the argmax where the max probability is >= theta (the paper),
+    but with ``keep`` (strategy.stage2_keep) where the label's own probability is under keep."""
     def rule(labels: np.ndarray, probabilities: np.ndarray) -> np.ndarray:
-        return np.where(probabilities.max(axis=1) >= theta, probabilities.argmax(axis=1), labels)
-    return rule
-
-
-def keep_likely(theta: float, kept: float) -> Rule:
-    """The paper's rule, but a label the model gives probability >= ``kept`` stays."""
-    def rule(labels: np.ndarray, probabilities: np.ndarray) -> np.ndarray:
-        given = probabilities[np.arange(labels.size), labels]
-        return np.where(given >= kept, labels, theta_rule(theta)(labels, probabilities))
+        return stage2_relabel(labels, probabilities, theta=theta, keep=keep)[0]
     return rule
 
 
@@ -80,6 +75,7 @@ class Stage2:
     and after, and the global model's probabilities; and the labels of every other client."""
 
     theta: float
+    keep: float | None
     corrected: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]]
     others_wrong: int
     samples: int
@@ -128,7 +124,8 @@ def stage2(run_dir: Path) -> Stage2:
         labels = data.labels if before is None else before[1]
         _, probabilities = loss_and_proba(model, data.images, labels, evaluation)
         corrected[client] = (data.true_labels, labels, after[1], probabilities)
-    return Stage2(float(config["strategy"]["theta"]), corrected, others_wrong, len(scene.true_labels))
+    return Stage2(float(config["strategy"]["theta"]), config["strategy"].get("stage2_keep"), corrected, others_wrong,
+                  len(scene.true_labels))
 
 
 def replay(run: Stage2, rule: Rule | None) -> tuple[int, int, int]:
@@ -151,26 +148,29 @@ def rules(theta: float) -> dict[str, Rule | None]:
     """The rules compared, the paper's first."""
     return {f"theta={theta:g} (paper)": theta_rule(theta),
             **{f"theta={t:g}": theta_rule(t) for t in (0.7, 0.9) if t > theta},
-            **{f"keep p(label)>={k:g}": keep_likely(theta, k) for k in (0.05, 0.1, 0.2)},
+            **{f"stage2_keep={k:g}": theta_rule(theta, k) for k in (0.05, 0.1, 0.2, 0.3)},
             **{f"keep 2nd, margin<{d:g}": keep_second(theta, d) for d in (0.2, 0.5)},
             "floor": None}
 
 
 def check_replay(run_dir: Path, run: Stage2) -> None:
-    """The paper's rule must give the labels the run stored after stage 2, on every corrected client."""
-    paper = theta_rule(run.theta)
+    """The run's own rule must give the labels it stored after stage 2, on every corrected client."""
+    paper = theta_rule(run.theta, run.keep)
     differ = [client for client, (_, labels, after, probabilities) in run.corrected.items()
               if not np.array_equal(paper(labels, probabilities), after)]
     if differ:
         raise ConfigError(f"{run_dir}: replaying stage 2 with theta={run.theta:g} does not give the stored labels "
-                          f"of clients {differ[:8]}; the run used another rule (strategy.stage2_rows?) or model")
+                          f"of clients {differ[:8]}; another rule (strategy.stage2_rows?) or model made them")
 
 
 def report(run_dir: Path) -> list[dict[str, Any]]:
     """Print one run's table; return its rows."""
     run = stage2(run_dir)
     check_replay(run_dir, run)
-    print(f"\n{run_dir}: {len(run.corrected)} clients corrected in stage 2; the finetuning set's wrong labels "
+    truth = np.concatenate([truth for truth, *_ in run.corrected.values()])
+    predicted = np.concatenate([probabilities.argmax(axis=1) for *_, probabilities in run.corrected.values()])
+    print(f"\n{run_dir}: {len(run.corrected)} clients corrected in stage 2 ({truth.size} samples, the model's argmax "
+          f"right on {100 * np.mean(predicted == truth):.2f}%); the finetuning set's wrong labels "
           f"{100 * run.others_wrong / run.samples:.2f}% of all samples")
     print(f"{'rule':<24} {'changed':>8} {'precision':>9} {'label noise':>11}")
     rows = []

@@ -67,6 +67,8 @@ class CorrectIns(Checked):
     diagnostics: return ground-truth counts where the node knows its true labels and allows sending them.
     stage2_rows: which samples stage 2 may relabel: ``all`` (Sec. 3.3) or ``noisy_subset`` (those in
         the high-loss component of a GMM on the global model's per-sample losses).
+    stage2_keep: in stage 2, a label the global model gives a probability >= stage2_keep stays (None:
+        none stays for its probability, Sec. 3.3).
     """
 
     mode: str = option(Options(MODES))
@@ -79,6 +81,7 @@ class CorrectIns(Checked):
     seed: int = option(Interval(int, 0), default=0)
     diagnostics: bool = False
     stage2_rows: str = option(Options(STAGE2_ROWS), default="all")
+    stage2_keep: float | None = option(Interval(float, 0.0, 1.0, closed="right", or_none=True), default=None)
 
 
 @dataclass(frozen=True)

@@ -107,6 +107,9 @@ class FedCorrSettings(StrategySettings):
                                                     "global (eq. 6) | local")
     stage2_rows: str = option(Options(STAGE2_ROWS), "which samples the end-of-stage-2 correction may relabel: "
                                                     "all (Sec. 3.3) | noisy_subset (a loss GMM's, as stage 1)")
+    stage2_keep: float | None = option(Interval(float, 0.0, 1.0, closed="right", or_none=True),
+                                       "in the end-of-stage-2 correction, a label the global model gives a "
+                                       "probability >= this stays (null: none does, Sec. 3.3)")
     client_split_guard: str = option(Options(GUARDS), "none (the paper: always split) | bic | separation")
     client_score: str = option(Options(CLIENT_SCORES), "what stage 1 splits the clients on: cumulative (the "
                                                       "running sum of LID, Sec. 3.2) | iteration (this "
@@ -562,7 +565,8 @@ class FedCorr(FederatedStrategy):
         ins = CorrectIns(mode=mode, pi=s.pi, theta=s.theta, relabel=s.ablation.correction,
                          split_losses=s.split_losses, rank_losses=s.rank_losses,
                          losses_since=self._iteration_start, seed=self.context.seed,
-                         diagnostics=self.context.truth is not None, stage2_rows=s.stage2_rows)
+                         diagnostics=self.context.truth is not None, stage2_rows=s.stage2_rows,
+                         stage2_keep=s.stage2_keep)
         content = instruction(ins, arrays=arrays)
 
         def read(reply: RecordDict, sender: str) -> CorrectRes:

@@ -117,16 +117,22 @@ def stage1_relabel(
 
 
 def stage2_relabel(
-    labels: np.ndarray, probabilities: np.ndarray, *, theta: float, rows: np.ndarray | None = None
+    labels: np.ndarray, probabilities: np.ndarray, *, theta: float, rows: np.ndarray | None = None,
+    keep: float | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
     """End-of-stage-2 correction (Sec. 3.3, Algorithm 1 line 18, with the threshold of eq. (7)).
 
     Every sample whose max probability is >= theta gets the argmax label; with a boolean mask
-    ``rows``, only the samples it marks may change. Returns (new labels, a copy; ascending indices
-    whose label changed). Inputs are not modified.
+    ``rows``, only the samples it marks may change; with ``keep``, a sample keeps its label where the
+    model gives that label a probability >= keep (None: no label is kept for its probability, the
+    paper). Returns (new labels, a copy; ascending indices whose label changed). Inputs are not
+    modified.
     """
     Interval(float, 0.0, 1.0).check("strategy.theta", theta)
+    Interval(float, 0.0, 1.0, closed="right", or_none=True).check("strategy.stage2_keep", keep)
     labels, probabilities = _check_labels(labels, probabilities)
     n = labels.shape[0]
     candidates = np.arange(n) if rows is None else np.flatnonzero(_check_mask(rows, n, "rows"))
+    if keep is not None:
+        candidates = candidates[probabilities[candidates, labels[candidates]] < keep]
     return _relabel(labels, probabilities, candidates, theta)

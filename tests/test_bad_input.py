@@ -110,6 +110,7 @@ SIM_CASES = [
     ("strategy=fedes strategy.s1=100", "strategy.s1=100"),
     ("strategy=fedes strategy.rho_source=oracle ground_truth=false", "strategy.rho_source='oracle'"),
     ("strategy.joiners=sometimes", "strategy.joiners='sometimes'"),
+    ("strategy.stage2_keep=0", "strategy.stage2_keep=0"),
     # dynamic participation
     ("participation.late=1", "participation.late=1"),
     ("participation.join_round=1", "participation.join_round=1"),

@@ -451,7 +451,7 @@ def test_fedcorr_plus_columns_are_fedcorr_with_one_switch_each_at_the_same_budge
     assert (late.participation.late, late.participation.join_round, late.noise.rho) == (0.3, 141, 0.6)
 
 
-PLUS_SWITCHES = ("client_score", "client_components", "stage2_rows", "joiners")
+PLUS_SWITCHES = ("client_score", "client_components", "stage2_rows", "stage2_keep", "joiners")
 
 
 def plus_run(f1, flagged, noise, precision, best, final, late_f1=None, late_missed=None):
@@ -507,11 +507,11 @@ def test_relabel_rules_keep_a_likely_or_close_second_label_and_the_floor_relabel
                               [0.45, 0.1, 0.45]])  # under theta: kept by every rule
     assert relabel.theta_rule(0.5)(labels, probabilities).tolist() == [1, 0, 0, 2]
     assert relabel.theta_rule(0.7)(labels, probabilities).tolist() == [1, 1, 2, 2]
-    assert relabel.keep_likely(0.5, 0.35)(labels, probabilities).tolist() == [1, 1, 0, 2]
+    assert relabel.theta_rule(0.5, keep=0.35)(labels, probabilities).tolist() == [1, 1, 0, 2]
     assert relabel.keep_second(0.5, 0.2)(labels, probabilities).tolist() == [1, 1, 0, 2]
     assert relabel.keep_second(0.5, 0.5)(labels, probabilities).tolist() == [1, 1, 2, 2]
     truth = np.array([1, 0, 2, 1])
-    run = relabel.Stage2(theta=0.5, corrected={7: (truth, labels, labels, probabilities)}, others_wrong=5,
+    run = relabel.Stage2(theta=0.5, keep=None, corrected={7: (truth, labels, labels, probabilities)}, others_wrong=5,
                          samples=100)
     # The paper's rule: 2 changes right (rows 0, 1), 1 wrong (row 2); row 3 stays wrong.
     assert relabel.replay(run, relabel.theta_rule(0.5)) == (3, 2, 2 + 5)

@@ -202,6 +202,27 @@ def test_stage2_with_a_rows_mask_relabels_only_the_confident_samples_it_marks() 
             stage2_relabel(client.labels, client.probabilities, theta=0.6, rows=bad)
 
 
+def test_stage2_keep_leaves_a_label_the_model_finds_at_least_that_likely() -> None:
+    client = _Client(seed=9)
+    given = client.probabilities[np.arange(client.labels.size), client.labels]
+    new_labels, changed = stage2_relabel(client.labels, client.probabilities, theta=0.5, keep=0.05)
+    relabel = (client.probabilities.max(axis=1) >= 0.5) & (given < 0.05)
+    argmax = client.probabilities.argmax(axis=1)
+    np.testing.assert_array_equal(new_labels, np.where(relabel, argmax, client.labels))
+    np.testing.assert_array_equal(changed, np.flatnonzero(relabel & (argmax != client.labels)))
+    paper, _ = stage2_relabel(client.labels, client.probabilities, theta=0.5)
+    kept = (paper != client.labels) & (given >= 0.05)
+    assert kept.any() and changed.size > 0  # the rule keeps some of what the paper changes, not all
+    # A label at exactly keep stays; with a rows mask the two rules combine.
+    labels, probabilities = np.array([0, 0]), np.array([[0.25, 0.75], [0.2, 0.8]])
+    np.testing.assert_array_equal(stage2_relabel(labels, probabilities, theta=0.5, keep=0.25)[0], [0, 1])
+    np.testing.assert_array_equal(
+        stage2_relabel(labels, probabilities, theta=0.5, keep=0.25, rows=np.array([True, False]))[0], [0, 0])
+    for bad in (0.0, 1.5, -0.1):
+        with pytest.raises(ConfigError, match=rf"strategy.stage2_keep={bad} is invalid"):
+            stage2_relabel(labels, probabilities, theta=0.5, keep=bad)
+
+
 def test_a_prediction_exactly_at_theta_is_confident() -> None:
     # Eq. (7) relabels where the max probability reaches theta.
     new_labels, changed = stage2_relabel(np.array([0, 0]), np.array([[0.25, 0.75], [0.3, 0.7]]), theta=0.75)

@@ -129,6 +129,22 @@ def test_stage2_on_the_noisy_subset_relabels_only_the_global_models_high_loss_sa
     assert correct(incoming, everything, arrays, mode="stage2", theta=0.0).n_relabeled > res.n_relabeled
 
 
+def test_stage2_keep_leaves_the_labels_the_global_model_finds_that_likely(run, incoming, node_context):
+    overrides, scene, arrays = run
+    context = node_context(overrides, 4)
+    node = client_node.load_node(context)
+    given = current_labels(context, node).copy()
+    res = correct(incoming, context, arrays, mode="stage2", theta=0.0, stage2_keep=0.1)
+    model = node.new_model()
+    model.load_state_dict(arrays.to_torch_state_dict())
+    _, probabilities = loss_and_proba(model, node.data.images, given, node.eval_transform)
+    likely = probabilities[np.arange(given.size), given] >= 0.1
+    after = current_labels(context, node)
+    assert np.array_equal(after, np.where(likely, given, probabilities.argmax(axis=1)))
+    assert res.n_relabeled == int(np.sum(after != given)) > 0
+    assert correct(incoming, node_context(overrides, 4), arrays, mode="stage2", theta=0.0).n_relabeled > res.n_relabeled
+
+
 def test_corrected_labels_survive_a_recreated_client_process(run, incoming, node_context):
     overrides, scene, arrays = run
     context = node_context(overrides, 0)

@@ -317,9 +317,11 @@ class Correcting:
         return [Message(content=reply(self.res), reply_to=message) for message in messages]
 
 
-@pytest.mark.parametrize("rows", ["all", "noisy_subset"])
-def test_stage_2s_correction_asks_the_clients_outside_s_c_for_the_rows_the_switch_names(flower_identity, rows):
-    strategy = fedcorr("strategy.t3=0", f"strategy.stage2_rows={rows}")
+@pytest.mark.parametrize(("rows", "keep"), [("all", None), ("noisy_subset", 0.2)])
+def test_stage_2s_correction_asks_the_clients_outside_s_c_for_the_rows_and_keep_the_switches_name(
+        flower_identity, rows, keep):
+    strategy = fedcorr("strategy.t3=0", f"strategy.stage2_rows={rows}",
+                       f"strategy.stage2_keep={'null' if keep is None else keep}")
     strategy.stage, strategy.clean, strategy._finetune_left = FINETUNE, list(range(7)), 0  # its rounds done
     sent: list[Message] = []
 
@@ -332,7 +334,8 @@ def test_stage_2s_correction_asks_the_clients_outside_s_c_for_the_rows_the_switc
     strategy.finish(Recording(CorrectRes(n_relabeled=0)), ARRAYS)
     asked = {strategy.federation.partition_of(m.metadata.dst_node_id): read_instruction(m.content, CorrectIns)
              for m in sent}
-    assert sorted(asked) == [7, 8, 9] and {(ins.mode, ins.stage2_rows) for ins in asked.values()} == {("stage2", rows)}
+    assert sorted(asked) == [7, 8, 9]
+    assert {(ins.mode, ins.stage2_rows, ins.stage2_keep) for ins in asked.values()} == {("stage2", rows, keep)}
 
 
 def flagged(pid: int) -> float:

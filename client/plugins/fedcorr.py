@@ -8,10 +8,11 @@ subset D_n, estimates mu_hat = |D_n| / n_k, and relabels the top floor(pi |D_n|)
 global model's loss (eq. 6) whose global max-probability is >= theta (eq. 7). Switches
 (``CorrectIns.split_losses`` / ``rank_losses``) take either step's losses from the other model
 instead. End of stage 2 (Sec. 3.3): ``query.correct`` (stage2) relabels every confident sample (with
-``stage2_rows=noisy_subset`` only those a GMM on the global model's losses puts in the noisy subset).
-The corrected labels and the kept losses stay on the client (``client.label_state``, persisted with
-a ``state-dir``); only counts and mu_hat leave it, and the ground-truth counts only when the run
-asks, the node knows its truth and allows sending them (``client.truth_counts.may_send_truth``).
+``stage2_rows=noisy_subset`` only those a GMM on the global model's losses puts in the noisy subset;
+with ``stage2_keep`` a label the global model finds that likely stays). The corrected labels and the
+kept losses stay on the client (``client.label_state``, persisted with a ``state-dir``); only counts
+and mu_hat leave it, and the ground-truth counts only when the run asks, the node knows its truth and
+allows sending them (``client.truth_counts.may_send_truth``).
 """
 
 from __future__ import annotations
@@ -90,7 +91,7 @@ def correct(node: LocalNode, context: Context, content: RecordDict) -> RecordDic
     else:
         if ins.stage2_rows == "noisy_subset":
             noisy = loss_split(losses, seed)
-        new, _ = stage2_relabel(labels, probabilities, theta=ins.theta, rows=noisy)
+        new, _ = stage2_relabel(labels, probabilities, theta=ins.theta, rows=noisy, keep=ins.stage2_keep)
     if not ins.relabel:
         new = labels
     store_labels(context, node, new)
