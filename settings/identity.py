@@ -26,6 +26,17 @@ data is read from, what runs it (devices, Ray), what it logs, and whether the se
 ground truth (which adds diagnostics to the results, not a different computation)."""
 SCENE_KEYS = frozenset({"dataset.name", "dataset.num_classes", "partition", "noise", "num_clients", "seed"})
 """The keys the default out_dir spells out in its path (the scene); the digest covers the rest."""
+AS_BEFORE: dict[str, Any] = {
+    "participation": {"late": 0.0, "join_round": 2},
+    "strategy.stage2_rows": "all",
+    "strategy.stage2_keep": None,
+    "strategy.client_score": "cumulative",
+    "strategy.client_components": "two",
+    "strategy.joiners": "as_clean",
+}
+"""Options added after runs were stored, each with the value at which a run computes what a run of the
+code before it computed. A stored config without such a key and one with it at that value do not
+differ: a finished or killed run of older code is still the same run (bench reuse, resume)."""
 
 
 def digest(config: dict[str, Any]) -> str:
@@ -53,8 +64,9 @@ def _without(values: dict[str, Any], ignore: frozenset[str], prefix: str = "") -
 
 def changed_keys(before: dict[str, Any], after: dict[str, Any], ignore: frozenset[str] = frozenset(),
                  prefix: str = "") -> list[str]:
-    """The dotted keys whose values differ between two nested configs (added or removed ones too),
-    leaving out ``ignore`` and everything below it."""
+    """The dotted keys whose values differ between two nested configs (added or removed ones too, but a
+    key of ``AS_BEFORE`` missing on one side and at its value on the other), leaving out ``ignore`` and
+    everything below it."""
     keys = []
     for key in sorted(set(before) | set(after), key=str):
         path = f"{prefix}{key}"
@@ -63,7 +75,7 @@ def changed_keys(before: dict[str, Any], after: dict[str, Any], ignore: frozense
         old, new = before.get(key, _UNSET), after.get(key, _UNSET)
         if isinstance(old, dict) and isinstance(new, dict):
             keys += changed_keys(old, new, ignore, f"{path}.")
-        elif old != new:
+        elif old != new and not _as_before(path, old, new):
             keys.append(path)
     return keys
 
@@ -75,6 +87,11 @@ def config_changes(before: dict[str, Any], after: dict[str, Any], ignore: frozen
 
 
 _UNSET = "<unset>"
+
+
+def _as_before(path: str, old: Any, new: Any) -> bool:
+    """Whether one side lacks the option ``path`` of ``AS_BEFORE`` and the other has it at its value."""
+    return path in AS_BEFORE and _UNSET in (old, new) and AS_BEFORE[path] in (old, new)
 
 
 def _at(values: dict[str, Any], key: str) -> Any:

@@ -90,6 +90,19 @@ def test_differing_keys_names_changed_added_and_removed_nested_keys():
     assert runs.changed_keys(old, new) == ["added", "b.d", "b.e", "gone"]
 
 
+def test_an_option_added_since_a_run_at_its_as_before_value_is_no_difference():
+    stored = {"seed": 1, "strategy": {"name": "fedcorr", "theta": 0.5}}
+    planned = {"seed": 1, "participation": {"late": 0.0, "join_round": 2},
+               "strategy": {"name": "fedcorr", "theta": 0.5, "stage2_keep": None, "client_score": "cumulative"}}
+    assert runs.changed_keys(stored, planned) == [] == runs.changed_keys(planned, stored)
+    late = {**planned, "participation": {"late": 0.3, "join_round": 2}}
+    other = {**planned, "strategy": {**planned["strategy"], "stage2_keep": 0.2, "client_score": "loss_share"}}
+    assert runs.changed_keys(stored, late) == ["participation"]
+    assert runs.changed_keys(stored, other) == ["strategy.client_score", "strategy.stage2_keep"]
+    # Where both sides have the option, its value is compared as any other's.
+    assert runs.changed_keys(planned, other) == ["strategy.client_score", "strategy.stage2_keep"]
+
+
 def test_strategy_bench_cells_compose_into_the_strategies_their_columns_name():
     columns = list(strategies_bench.COLUMNS)
     plan = strategies_bench.plan_cells(["0.4", "0.8"], "0.5", 600, "fmnist", columns, ["seed=3"])
