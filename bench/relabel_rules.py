@@ -20,8 +20,9 @@ Rules (each decides per sample between the label it has and the model's argmax):
 - ``floor``: the argmax exactly where it is right and the label is not; what any such rule leaves at best.
 
 Prints per run and rule: labels changed, their precision, and the label noise over all samples after
-stage 2 (as results.json's ``label_noise.after_stage2``), then the part of that noise on the clients
-stage 2 does not correct (the finetuning set), which no rule here touches.
+stage 2 (as results.json's ``label_noise.after_stage2``), with the part of that noise on the clients
+stage 2 does not correct (the finetuning set), which no rule here touches; with several runs, then per
+rule the mean label noise and its change against the paper's rule.
 """
 
 from __future__ import annotations
@@ -188,8 +189,17 @@ def main() -> None:
     parser.add_argument("runs", nargs="+", type=Path, metavar="RUN_DIR")
     args = parser.parse_args()
     torch.set_num_threads(1)
-    for run_dir in args.runs:
-        report(run_dir)
+    tables = [report(run_dir) for run_dir in args.runs]
+    if len({tuple(row["rule"] for row in table) for table in tables}) > 1:
+        print("\nthe runs' thetas differ, so their rules do: no summary over them")
+    elif len(tables) > 1:
+        print(f"\nover the {len(tables)} runs: label noise % per rule, and its change against the paper's rule "
+              "(mean, lowest, highest; negative: less noise)")
+        for rows in zip(*tables):
+            noise = np.array([100 * row["noise"] for row in rows])
+            change = noise - np.array([100 * table[0]["noise"] for table in tables])
+            print(f"{rows[0]['rule']:<24} {noise.mean():>6.2f}   {change.mean():+.2f} "
+                  f"({change.min():+.2f} to {change.max():+.2f})")
 
 
 if __name__ == "__main__":
