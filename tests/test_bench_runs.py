@@ -530,3 +530,22 @@ def test_relabel_rules_keep_a_likely_or_close_second_label_and_the_floor_relabel
     assert relabel.replay(run, relabel.theta_rule(0.5)) == (3, 2, 2 + 5)
     # The floor changes exactly the rows whose label is wrong and argmax right: row 3 has neither.
     assert relabel.replay(run, None) == (2, 2, 1 + 5)
+
+
+def test_the_stage_2_replay_of_a_finished_run_gives_its_stored_labels_and_a_floor_under_them(run_inprocess, tmp_path):
+    relabel = load_bench("relabel_rules")
+    payload, _ = run_inprocess("experiment=smoke strategy.train.epochs=1 strategy.t2=2 strategy.t3=1")
+    run_dir = tmp_path / "run"
+    run = relabel.stage2(run_dir)
+    assert sorted(run.corrected) == sorted(set(range(10)) - set(payload["fedcorr"]["finetune_clients"]))
+    relabel.check_replay(run_dir, run)  # the client's own rule reproduces the stored labels of each client
+    changed, right, wrong = relabel.replay(run, relabel.theta_rule(run.theta))
+    assert wrong / run.samples == pytest.approx(payload["fedcorr"]["label_noise"]["after_stage2"])
+    assert changed == payload["fedcorr"]["relabel_by_step"]["stage2"]["relabeled"] > 0
+    floor = relabel.replay(run, None)
+    assert floor[1] == floor[0] and floor[2] <= wrong
+    # Labels the run did not make are caught: the replay then reads another run than the one stored.
+    truth, labels, after, probabilities = run.corrected[min(run.corrected)]
+    tampered = {**run.corrected, min(run.corrected): (truth, labels, (after + 1) % 10, probabilities)}
+    with pytest.raises(ConfigError, match="does not give the stored labels"):
+        relabel.check_replay(run_dir, relabel.Stage2(run.theta, run.keep, tampered, run.others_wrong, run.samples))
