@@ -89,7 +89,7 @@ def label_version(run_dir: Path, client: int, before: int | None) -> tuple[int, 
              if before is None or version.round < before]
     if not found:
         return None
-    newest = max(found, key=lambda version: version.round)
+    newest = max(found, key=lambda version: (version.round, version.attempt))  # a resumed run's own version last
     return newest.round, np.load(newest.path)["labels"]
 
 
