@@ -38,7 +38,9 @@ import numpy as np
 import torch
 from runs import ConfigError, main_with_clear_errors
 
+from client.label_state import LABELS_KEY
 from client.state_store import versions
+from common.atomic_files import read_npz
 from data.client_data import client_data
 from data.scene import SCENE_FILE, Scene
 from server.checkpoints import CheckpointStore, read_checkpoint
@@ -47,7 +49,6 @@ from task.build import model_for, transforms_for
 from task.correction import stage2_relabel
 from task.evaluation import loss_and_proba
 
-LABELS = "fedcorr-labels"
 Rule = Callable[[np.ndarray, np.ndarray], np.ndarray]  # (labels, probabilities) -> the new labels
 
 
@@ -84,13 +85,13 @@ class Stage2:
 
 def label_version(run_dir: Path, client: int, before: int | None) -> tuple[int, np.ndarray] | None:
     """The newest stored labels of ``client`` (before round ``before`` when given), with their round."""
-    folders = sorted((run_dir / "client_state").glob(f"run-*/partition-{client}/{LABELS}"))
+    folders = sorted((run_dir / "client_state").glob(f"run-*/partition-{client}/{LABELS_KEY}"))
     found = [version for folder in folders for version in versions(folder)
              if before is None or version.round < before]
     if not found:
         return None
     newest = max(found, key=lambda version: (version.round, version.attempt))  # a resumed run's own version last
-    return newest.round, np.load(newest.path)["labels"]
+    return newest.round, read_npz(newest.path)["labels"]
 
 
 def stage2(run_dir: Path) -> Stage2:
@@ -107,8 +108,7 @@ def stage2(run_dir: Path) -> Stage2:
     dataset = settings.scene.dataset.load()
     scene = Scene.load(run_dir / SCENE_FILE)
     model = model_for(settings.model, dataset, settings.transforms)
-    model.load_state_dict({name: torch.from_numpy(np.array(value)) for name, value in
-                           read_checkpoint(checkpoint).arrays.items()})
+    model.load_state_dict(read_checkpoint(checkpoint).global_arrays().to_torch_state_dict())
     _, evaluation = transforms_for(settings.transforms, dataset)
     finetuned = set(block["finetune_clients"])
     corrected, others_wrong = {}, 0
