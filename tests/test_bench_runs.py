@@ -487,6 +487,8 @@ def test_fedcorr_plus_targets_say_which_are_met_and_by_what_figure_one_is_missed
         "iid-0.6: label noise <= 3.5% with precision >= 0.93: missed (4.50%, 0.910)",
         "best and final accuracy not below the paper's: missed (points under: iid-0.6 best 0.55)"]
     assert plus_bench.targets("paper", paper, paper)[1] == "no client flagged at clean: missed ([40])"
+    assert plus_bench.targets("plus", good, {})[-1] == (
+        "best and final accuracy not below the paper's: not compared (no paper run in these cells)")
     late = {"late-s2": [plus_run(0.99, 60, 0.07, 0.85, 0.88, 0.87, 0.0, 18.0),
                         plus_run(0.99, 60, 0.07, 0.85, 0.88, 0.87, 0.95, 1.0)]}
     assert plus_bench.targets("paper", late, {})[1] == (
