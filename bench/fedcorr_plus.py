@@ -61,6 +61,7 @@ PARTS: dict[str, list[str]] = {
     "stage2-keep": ["strategy.stage2_keep=0.2"],
     "mean-lid": ["strategy.client_score=mean"],
     "loss-share": ["strategy.client_score=loss_share"],
+    "disagreement": ["strategy.client_score=disagreement"],
     "joiner-pass": ["strategy.joiners=preprocess"],
 }
 # Parts that work together: a joiner's own iteration gives it one LID, which a per-iteration mean (or

@@ -36,18 +36,10 @@ from typing import Any
 
 import numpy as np
 import torch
+from finished_run import GlobalModel, label_version, last_round
 from runs import ConfigError, main_with_clear_errors
 
-from client.label_state import LABELS_KEY
-from client.state_store import versions
-from common.atomic_files import read_npz
-from data.client_data import client_data
-from data.scene import SCENE_FILE, Scene
-from server.checkpoints import CheckpointStore, read_checkpoint
-from settings.run import run_settings
-from task.build import model_for, transforms_for
 from task.correction import stage2_relabel
-from task.evaluation import loss_and_proba
 
 Rule = Callable[[np.ndarray, np.ndarray], np.ndarray]  # (labels, probabilities) -> the new labels
 
@@ -83,37 +75,17 @@ class Stage2:
     samples: int
 
 
-def label_version(run_dir: Path, client: int, before: int | None) -> tuple[int, np.ndarray] | None:
-    """The newest stored labels of ``client`` (before round ``before`` when given), with their round."""
-    folders = sorted((run_dir / "client_state").glob(f"run-*/partition-{client}/{LABELS_KEY}"))
-    found = [version for folder in folders for version in versions(folder)
-             if before is None or version.round < before]
-    if not found:
-        return None
-    newest = max(found, key=lambda version: (version.round, version.attempt))  # a resumed run's own version last
-    return newest.round, read_npz(newest.path)["labels"]
-
-
 def stage2(run_dir: Path) -> Stage2:
     """Read what the run's stage-2 correction used (see the module's docstring)."""
     payload = json.loads((run_dir / "results.json").read_text())
     if not payload.get("complete") or "fedcorr" not in payload:
         raise ConfigError(f"{run_dir} holds no finished FedCorr run")
     config, block = payload["config"], payload["fedcorr"]
-    end = max(row["round"] for row in payload["rounds"] if row.get("stage") == "finetune")
-    checkpoint = CheckpointStore(run_dir).at(end)
-    if checkpoint is None:
-        raise ConfigError(f"{run_dir} keeps no checkpoint of stage 2's end (round {end})")
-    settings = run_settings(config)
-    dataset = settings.scene.dataset.load()
-    scene = Scene.load(run_dir / SCENE_FILE)
-    model = model_for(settings.model, dataset, settings.transforms)
-    model.load_state_dict(read_checkpoint(checkpoint).global_arrays().to_torch_state_dict())
-    _, evaluation = transforms_for(settings.transforms, dataset)
+    end = last_round(payload, "finetune")
+    model = GlobalModel.at(run_dir, payload, end, "stage 2's end")
     finetuned = set(block["finetune_clients"])
     corrected, others_wrong = {}, 0
-    for client in range(settings.num_clients):
-        data = client_data(scene, dataset, client)
+    for client, data in model.clients():
         after = label_version(run_dir, client, None)
         if client in finetuned:
             labels = data.labels if after is None else after[1]
@@ -123,10 +95,9 @@ def stage2(run_dir: Path) -> Stage2:
             raise ConfigError(f"{run_dir}: client {client} was corrected in stage 2 but keeps no labels from after it")
         before = label_version(run_dir, client, after[0])
         labels = data.labels if before is None else before[1]
-        _, probabilities = loss_and_proba(model, data.images, labels, evaluation)
-        corrected[client] = (data.true_labels, labels, after[1], probabilities)
+        corrected[client] = (data.true_labels, labels, after[1], model.probabilities(data, labels))
     return Stage2(float(config["strategy"]["theta"]), config["strategy"].get("stage2_keep"), corrected, others_wrong,
-                  len(scene.true_labels))
+                  len(model.scene.true_labels))
 
 
 def replay(run: Stage2, rule: Rule | None) -> tuple[int, int, int]:

@@ -18,7 +18,7 @@ message type        instruction                           reply
 ``query.info``      (empty)                               ``NodeInfo``
 ``train``           arrays + ``TrainIns`` [+ plug-in's]   arrays + ``TrainStats`` [+ plug-in's extra]
 ``evaluate``        arrays                                ``Scores`` (on the node's current labels)
-``query.loss``      arrays                                ``Scores`` (Power-of-Choice's candidate query)
+``query.loss``      arrays                                ``Scores`` (PoC's candidates; FedCorr's disagreement)
 ==================  ====================================  ==========================================
 """
 

@@ -96,6 +96,7 @@ def _declared() -> tuple[ReplyField, ...]:
                    "the control variate's change c_i+ - c_i: P_w numbers", ("scaffold",)),
         *_payload(EVALUATE, METRICS, Scores, (), "no strategy asks (the ClientApp answers it)"),
         *_payload(LOSS, METRICS, Scores, ("poc",), "each round, its candidates"),
+        *_payload(LOSS, METRICS, Scores, ("fedcorr",), "each stage-1 iteration with client_score=disagreement"),
         *_payload(CORRECT, METRICS, CorrectRes, ("fedcorr",), "each correction", diagnostics=CorrectDiagnostics,
                   sizes={"confusion-before": "M x M ints", "confusion-after": "M x M ints"}, conditions=split),
         *_payload(CLASS_LOSS, METRICS, ClassLossRes, ("fednoro",), "each detection (once by default)",

@@ -36,7 +36,7 @@ from common.mixture import GUARDS, above_lowest, high_component
 from common.validation import Checked, Flag, FolderPath, Interval, Options, from_mapping, option
 from protocol.codec import ProtocolError
 from protocol.fedcorr import CORRECT, LOSS_MODELS, PLUGIN, STAGE2_ROWS, CorrectIns, CorrectRes, LidRes, Stage1Ins
-from protocol.messages import TRAIN, TrainIns, instruction, read_extra, read_reply
+from protocol.messages import LOSS, TRAIN, TrainIns, instruction, read_extra, read_reply
 from strategies.base import FederatedStrategy, StrategySettings, TrainReply
 from strategies.context import StrategyContext
 from strategies.fedavg import FedAvg, average_arrays, mean_train_loss
@@ -48,6 +48,7 @@ from strategies.rounds import RoundSettings, rounds_left
 from strategies.sampling import round_size, sample_clients
 from task.learner_settings import LEARNERS
 from task.local_training import PROX_NORMS, LocalTraining
+from task.scores import Scores
 
 log = logging.getLogger(__name__)
 
@@ -76,7 +77,9 @@ def stage3_classes() -> dict[str, type[FedAvg]]:
 EVERYONE = Participation()
 _SHARE = Interval(float, 0.0, 1.0)
 _FRACTION = Interval(float, 0.0, 1.0, closed="right")
-CLIENT_SCORES = ("cumulative", "iteration", "mean", "loss_share")
+CLIENT_SCORES = ("cumulative", "iteration", "mean", "loss_share", "disagreement")
+# The scores a client reports as a share in [0, 1] of its samples, one per iteration it trains in.
+SHARE_SCORES = ("loss_share", "disagreement")
 CLIENT_COMPONENTS = ("two", "bic")
 JOINERS = ("as_clean", "preprocess")
 
@@ -115,7 +118,9 @@ class FedCorrSettings(StrategySettings):
                                                       "running sum of LID, Sec. 3.2) | iteration (this "
                                                       "iteration's LID alone) | mean (the running sum over "
                                                       "the client's stage-1 iterations) | loss_share (the "
-                                                      "share of its samples its loss GMM finds noisy)")
+                                                      "share of its samples its loss GMM finds noisy) | "
+                                                      "disagreement (the share of its labels the global model's "
+                                                      "prediction differs from, at the iteration's end)")
     client_components: str = option(Options(CLIENT_COMPONENTS), "two (the paper's 2-component GMM) | bic (1 to 3 "
                                                                 "components by BIC; all but the lowest flagged)")
     joiners: str = option(Options(JOINERS), "clients that join after stage 1: as_clean (the paper's rule: no "
@@ -288,7 +293,7 @@ class FedCorr(FederatedStrategy):
         self.visits: dict[int, int] = {}  # stage-1 iterations each client trained in
         self.noisy: list[int] = []  # the clients the latest split flagged
         self.latest_lid: dict[int, float] = {}  # each client's LID of the last iteration it trained in
-        self.latest_share: dict[int, float] = {}  # and its loss share then (client_score=loss_share)
+        self.latest_share: dict[int, float] = {}  # and its share score then (SHARE_SCORES)
         self.clean: list[int] = []
         self._chunks: list[list[int]] = []  # this iteration's rounds, in order
         self._next_chunk = 0
@@ -474,6 +479,8 @@ class FedCorr(FederatedStrategy):
         for pid, value in self._lid.items():
             self.cumulative[pid] += value
             self.visits[pid] += 1
+        if self.settings.client_score == "disagreement":
+            self._shares = self._disagreements(arrays, sorted(self._lid))
         noisy = self._split_clients(self._client_scores())
         if self.iteration > self.settings.t1:
             noisy = [pid for pid in noisy if pid in self._lid]
@@ -484,7 +491,8 @@ class FedCorr(FederatedStrategy):
             self.mu_hat = dict.fromkeys(self.mu_hat, 0.0)
             corrected = self._correct(arrays, noisy, "stage1")
         self.mu_hat.update({pid: float(res.mu_hat) for pid, res in corrected.items() if res.mu_hat is not None})
-        self.monitor.end_iteration(self.iteration, self._lid, self.cumulative, noisy, self.mu_hat, self._shares)
+        scores = {self.settings.client_score: self._shares} if self._shares else {}
+        self.monitor.end_iteration(self.iteration, self._lid, self.cumulative, noisy, self.mu_hat, scores)
         self.noisy = noisy
         self.iteration += 1
         self.latest_lid = {**self.latest_lid, **self._lid}
@@ -497,12 +505,22 @@ class FedCorr(FederatedStrategy):
         own_pass = self.iteration > self.settings.t1
         if self.settings.client_score == "iteration":
             return {**self.latest_lid, **self._lid} if own_pass else self._lid
-        if self.settings.client_score == "loss_share":
+        if self.settings.client_score in SHARE_SCORES:
             return {**self.latest_share, **self._shares} if own_pass else self._shares
         visited = [pid for pid in self.federation.partition_ids if self.visits[pid]]
         if self.settings.client_score == "mean":
             return {pid: self.cumulative[pid] / self.visits[pid] for pid in visited}
         return {pid: self.cumulative[pid] for pid in visited}
+
+    def _disagreements(self, arrays: ArrayRecord, clients: list[int]) -> dict[int, float]:
+        """``query.loss`` with the iteration's global model on ``clients``: the share of each one's labels
+        (as it holds them now) that the model's prediction differs from."""
+        assert self._grid is not None
+
+        def read(reply: RecordDict, sender: str) -> float:
+            return 1.0 - read_reply(reply, Scores, sender).accuracy
+
+        return self.exchange(self._grid, dict.fromkeys(clients, instruction(arrays=arrays)), LOSS, read)
 
     def _split_clients(self, scores: Mapping[int, float]) -> list[int]:
         """The clients in the higher-mean GMM component of their LID scores (none when the guard, if
@@ -514,8 +532,8 @@ class FedCorr(FederatedStrategy):
         else:
             flagged = high_component(values, seed=self.context.seed, guard=guard)
         if guard != "none" and not flagged.any():
-            score = "cumulative LID" if self.settings.client_score == "cumulative" else "iteration's LID"
-            log.info("FedCorr: the %s guard finds one population in the %s; no client is flagged", guard, score)
+            log.info("FedCorr: the %s guard finds one population in the clients' %s scores; no client is flagged",
+                     guard, self.settings.client_score)
         return [pid for pid, is_noisy in zip(pids, flagged) if is_noisy]
 
     # --- stage 2 -------------------------------------------------------------------------------

@@ -90,11 +90,12 @@ class FedCorrMonitor:
         cumulative: Mapping[int, float],
         detected: list[int],
         mu_hat: Mapping[int, float],
-        shares: Mapping[int, float] | None = None,
+        scores: Mapping[str, Mapping[int, float]] | None = None,
     ) -> None:
-        """Record a finished stage-1 iteration (LID, the loss shares if the clients sent them, detected
-        clients, every client's mu_hat) and print its line, with detection, noise-estimate error and
-        label noise when there is ground truth. Call it after the iteration's ``corrected``."""
+        """Record a finished stage-1 iteration (LID, the clients' other scores by name if the split read
+        any, e.g. ``loss_share``, detected clients, every client's mu_hat) and print its line, with
+        detection, noise-estimate error and label noise when there is ground truth. Call it after the
+        iteration's ``corrected``."""
         self.detected, self.cumulative, self.mu_hat = list(detected), dict(cumulative), dict(mu_hat)
         record: dict[str, Any] = {
             "iteration": iteration,
@@ -103,8 +104,8 @@ class FedCorrMonitor:
             "detected_noisy_clients": sorted(detected),
             "mu_hat": {str(k): v for k, v in sorted(mu_hat.items())},
         }
-        if shares:
-            record["loss_share"] = {str(k): v for k, v in sorted(shares.items())}
+        for name, values in (scores or {}).items():
+            record[name] = {str(k): v for k, v in sorted(values.items())}
         line = f"[fedcorr] stage 1 iteration {iteration}: {counted(len(detected), 'client')} detected noisy"
         if self.truth:
             # A client corrected now was estimated on its labels before this correction; any other

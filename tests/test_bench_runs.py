@@ -35,6 +35,7 @@ def load_bench(name: str):
 
 
 runs = load_bench("runs")
+load_bench("finished_run")  # the replay scripts import it by name
 strategies_bench = load_bench("strategies_fmnist")
 fedcorr_bench = load_bench("fedcorr_fmnist")
 ablation_bench = load_bench("fedcorr_ablation")
@@ -551,3 +552,65 @@ def test_the_stage_2_replay_of_a_finished_run_gives_its_stored_labels_and_a_floo
     tampered = {**run.corrected, min(run.corrected): (truth, labels, (after + 1) % 10, probabilities)}
     with pytest.raises(ConfigError, match="does not give the stored labels"):
         relabel.check_replay(run_dir, relabel.Stage2(run.theta, run.keep, tampered, run.others_wrong, run.samples))
+
+
+def test_client_split_scores_follow_the_strategy_and_the_joiners_pass_adds_to_the_earlier_split():
+    split = load_bench("client_split")
+    it = split.Iteration
+    # Clients 0-3 train in iterations 1-2; 4 and 5 join for their own pass (t1 = 2).
+    run = split.Run(Path("r"), seed=1, own_rule="loss_share bic", t1=2, noisy={2, 3, 5},
+                    iterations=[it({0: 1.0, 1: 1.2, 2: 3.0, 3: 3.2},
+                                   {"loss_share": {0: 0.3, 1: 0.32, 2: 0.7, 3: 0.72}}, [2, 3]),
+                                it({0: 1.1, 1: 1.0, 2: 2.8, 3: 3.1},
+                                   {"loss_share": {0: 0.31, 1: 0.3, 2: 0.6, 3: 0.71}}, [2, 3]),
+                                it({4: 1.0, 5: 2.9}, {"loss_share": {4: 0.33, 5: 0.69}}, [2, 3, 5])])
+    assert {pid: v[0] for pid, v in split.scores(run, 1, "cumulative").items()} == pytest.approx(
+        {0: 2.1, 1: 2.2, 2: 5.8, 3: 6.3})
+    assert {pid: v[0] for pid, v in split.scores(run, 2, "mean").items()} == pytest.approx(
+        {0: 1.05, 1: 1.1, 2: 2.9, 3: 3.15, 4: 1.0, 5: 2.9})
+    assert split.scores(run, 1, "share_mean")[2][0] == pytest.approx(0.65)
+    # The joiners' pass reads everyone, the others at their last iteration.
+    assert sorted(split.scores(run, 2, "loss_share")) == [0, 1, 2, 3, 4, 5]
+    assert split.scores(run, 2, "loss_share")[0][0] == 0.31
+    assert split.scores(run, 1, "2-D")[3].tolist() == [3.1, 0.71]
+    assert split.replay(run, "loss_share two") == [[2, 3], [2, 3], [2, 3, 5]]
+    assert split.replay(run, "disagreement two") == [None, None, None], "a score the run did not record"
+    assert split.f1(run, [2, 3, 5], {0, 1, 2, 3, 4, 5}) == 1.0
+    assert split.f1(run, [2], {0, 1, 2, 3}) == pytest.approx(2 / 3)
+    # Two components on (LID, share): the one with the higher share is flagged, whatever LID says.
+    values = np.array([[5.0, 0.3], [5.1, 0.31], [4.9, 0.29], [1.0, 0.8], [1.1, 0.81], [0.9, 0.79]])
+    assert split.two_d(values, seed=1).tolist() == [False, False, False, True, True, True]
+
+
+@pytest.mark.parametrize("score", ["loss_share", "disagreement"])
+def test_the_client_split_replay_of_a_finished_run_reproduces_its_flags_and_refuses_other_flags(run_inprocess,
+                                                                                                 tmp_path, capsys,
+                                                                                                 score):
+    split = load_bench("client_split")
+    payload, _ = run_inprocess("experiment=smoke strategy.train.epochs=1 strategy.t2=1 strategy.t3=1 "
+                               f"strategy.client_score={score}")
+    run = split.load(tmp_path / "run")
+    assert run.own_rule == f"{score} two" and len(run.iterations) == run.t1 > 1
+    assert all(set(it.shares) == {score} and set(it.shares[score]) == set(it.lid) for it in run.iterations)
+    assert run.noisy == set(payload["fedcorr"]["true_noisy_clients"])
+    finals = split.report(run)
+    assert finals[f"{score} two"] == pytest.approx(payload["fedcorr"]["detection"]["f1"])
+    assert set(finals) == set(split.RULES)
+    (unrecorded,) = set(split.SHARES) - {score}
+    assert finals[f"{unrecorded} two"] is None, "a score the run did not ask for is not replayed"
+    if score == "disagreement":
+        # Computed again from the stage-1-end checkpoint and the labels then, they are the ones the clients sent.
+        *earlier, last = run.iterations
+        bare = split.Run(run.path, run.seed, run.own_rule, run.t1, run.noisy,
+                         [*earlier, split.Iteration(last.lid, {}, last.flagged)])
+        replayed = split.with_checkpoint_disagreement(bare).iterations[-1].shares["disagreement"]
+        assert replayed == pytest.approx(last.shares["disagreement"], abs=1e-9)
+        assert split.with_checkpoint_disagreement(run) is run, "a recorded score is kept"
+    assert "(reproduced)" in capsys.readouterr().out
+    other = split.Run(run.path, run.seed, run.own_rule, run.t1, run.noisy,
+                      [*run.iterations[:-1], split.Iteration(run.iterations[-1].lid, run.iterations[-1].shares,
+                                                             sorted(set(range(10)) - set(run.iterations[-1].flagged)))])
+    with pytest.raises(ConfigError, match=f"its own rule .* at iteration {run.t1}"):
+        split.report(other)
+    with pytest.raises(ConfigError, match="no results.json"):
+        split.load(tmp_path / "nowhere")

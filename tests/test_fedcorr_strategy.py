@@ -26,6 +26,7 @@ from strategies.base import ClientFailure
 from strategies.fedavg import FedAvg
 from strategies.fedcorr import DONE, FINETUNE, FedCorr
 from task.local_training import LocalTraining
+from task.scores import Scores
 
 
 def learnt(strategy: FedCorr) -> FedCorr:
@@ -225,7 +226,7 @@ def test_a_guard_that_finds_one_population_says_so_and_flags_nobody(flower_ident
     with caplog.at_level(logging.INFO, logger="strategies.fedcorr"):
         stage1_iterations(strategy, lid)
     assert strategy.monitor is not None and strategy.monitor.detected == []
-    line = f"FedCorr: the {guard} guard finds one population in the cumulative LID; no client is flagged"
+    line = f"FedCorr: the {guard} guard finds one population in the clients' cumulative scores; no client is flagged"
     assert (line in caplog.messages) is said
 
 
@@ -287,7 +288,8 @@ def test_the_guards_line_names_the_score_it_split(flower_identity, caplog):
     strategy = fedcorr("strategy.client_split_guard=bic", "strategy.client_score=iteration")
     with caplog.at_level(logging.INFO, logger="strategies.fedcorr"):
         stage1_iterations(strategy, lambda pid: 20.0 + 0.1 * pid)
-    assert "FedCorr: the bic guard finds one population in the iteration's LID; no client is flagged" in caplog.messages
+    line = "FedCorr: the bic guard finds one population in the clients' iteration scores; no client is flagged"
+    assert line in caplog.messages
 
 
 def test_stage_2_finetunes_on_every_client_whose_noise_estimate_is_at_most_kappa(flower_identity):
@@ -315,6 +317,49 @@ class Correcting:
 
     def send_and_receive(self, messages: Iterable[Message], *, timeout: float | None = None) -> list[Message]:
         return [Message(content=reply(self.res), reply_to=message) for message in messages]
+
+
+class Disagreeing(Correcting):
+    """Clients answering ``query.loss`` with accuracy 1 - ``disagreement(pid)`` and corrections with ``res``;
+    records who was asked what."""
+
+    def __init__(self, res: CorrectRes, disagreement: Callable[[int], float], strategy: FedCorr) -> None:
+        super().__init__(res)
+        self.disagreement, self.strategy = disagreement, strategy
+        self.asked: list[tuple[str, int]] = []
+
+    def send_and_receive(self, messages: Iterable[Message], *, timeout: float | None = None) -> list[Message]:
+        out = []
+        for message in messages:
+            pid = self.strategy.federation.partition_of(message.metadata.dst_node_id)
+            kind = message.metadata.message_type
+            self.asked.append((kind, pid))
+            if kind == LOSS:
+                scores = Scores(loss=1.0, accuracy=1.0 - self.disagreement(pid), num_examples=10)
+                out.append(Message(content=reply(scores), reply_to=message))
+            else:
+                out.extend(super().send_and_receive([message], timeout=timeout))
+        return out
+
+
+def test_the_disagreement_score_asks_every_client_of_the_iteration_and_splits_on_one_minus_accuracy(
+        flower_identity):
+    strategy = fedcorr("strategy.client_score=disagreement")
+    # Every LID alike; the global model disagrees with most labels of clients 1, 4 and 6.
+    grid = Disagreeing(CorrectRes(n_relabeled=0, mu_hat=0.6), lambda pid: 0.7 if pid in (1, 4, 6) else 0.2,
+                       strategy)
+    stage1_iterations(strategy, lambda pid: 5.0, lambda pid: 5.0, grid=grid)
+    assert strategy.monitor is not None and strategy.monitor.detected == [1, 4, 6]
+    first, second = strategy.monitor.iterations
+    assert first["disagreement"] == {str(pid): pytest.approx(0.7 if pid in (1, 4, 6) else 0.2) for pid in range(10)}
+    assert [pid for kind, pid in grid.asked if kind == LOSS] == list(range(10)) * 2, "each iteration, everyone"
+    assert sorted(pid for kind, pid in grid.asked if kind != LOSS) == [1, 1, 4, 4, 6, 6], "then the flagged correct"
+    # The split reads the answers: a client whose model agrees with its labels is not flagged.
+    strategy = fedcorr("strategy.client_score=disagreement")
+    stage1_iterations(strategy, lambda pid: 9.0 if pid in (1, 4, 6) else 1.0,
+                      grid=Disagreeing(CorrectRes(n_relabeled=0, mu_hat=0.6), lambda pid: 0.8 if pid == 3 else 0.1,
+                                       strategy))
+    assert strategy.monitor is not None and strategy.monitor.detected == [3], "not the high-LID clients"
 
 
 @pytest.mark.parametrize(("rows", "keep"), [("all", None), ("noisy_subset", 0.2)])

@@ -18,7 +18,7 @@ from client.node import DIAGNOSTICS_KEY, sends_ground_truth
 from common.errors import InvalidValue
 from common.run_files import CONFUSION
 from protocol.fedcorr import CorrectIns, CorrectRes
-from protocol.messages import EVALUATE, instruction, read_reply
+from protocol.messages import EVALUATE, LOSS, instruction, read_reply
 from protocol.reply_fields import EVERY, REPLY_FIELDS, TENSORS, markdown_table
 from strategies.detection import missing_diagnostics
 from strategies.registry import strategy_classes
@@ -28,8 +28,8 @@ GROUND_TRUTH = {(f.message, f.record, f.key) for f in REPLY_FIELDS if f.ground_t
 
 # One local epoch: which fields a reply carries does not depend on how long clients train.
 SMOKE = "experiment=smoke strategy.train.epochs=1"
-# One short in-process run per strategy (ground truth on, as in a simulation), and the keys a run's
-# settings leave out of a message kind that declares them.
+# One short in-process run per strategy (ground truth on, as in a simulation), and the keys (or whole
+# message types) a run's settings leave out of what the strategy's clients may send.
 RUNS: dict[str, tuple[str, set[str]]] = {
     "fedavg": ("strategy=fedavg strategy.num_rounds=2", set()),
     "fedprox": ("strategy=fedprox strategy.num_rounds=2", set()),
@@ -43,9 +43,11 @@ RUNS: dict[str, tuple[str, set[str]]] = {
     "fednoro": ("strategy=fednoro strategy.num_rounds=6", {"counts"}),
     "fednoro-counts": ("strategy=fednoro strategy.num_rounds=6 strategy.detect_counts=true", {"present"}),
     "feddiv": ("strategy=feddiv strategy.num_rounds=2", set()),
-    "fedcorr": ("strategy=fedcorr strategy.t1=1 strategy.t2=1 strategy.t3=1", {"loss-share"}),
+    "fedcorr": ("strategy=fedcorr strategy.t1=1 strategy.t2=1 strategy.t3=1", {"loss-share", LOSS}),
     "fedcorr-share": ("strategy=fedcorr strategy.t1=1 strategy.t2=1 strategy.t3=1 strategy.client_score=loss_share",
-                      set()),
+                      {LOSS}),
+    "fedcorr-disagreement": ("strategy=fedcorr strategy.t1=1 strategy.t2=1 strategy.t3=1 "
+                             "strategy.client_score=disagreement", {"loss-share"}),
 }
 Sent = set[tuple[str, str, str]]
 
@@ -101,7 +103,8 @@ def test_each_strategys_replies_carry_exactly_the_declared_fields(run_inprocess,
     strategy = run.split("-")[0]
     sent: Sent = set()
     run_inprocess(f"{SMOKE} {overrides}", client_app=recording(sent))
-    expected = {field for field in declared(strategy) if field[2] not in left_out and field[0] != EVALUATE}
+    expected = {field for field in declared(strategy)
+                if field[2] not in left_out and field[0] not in left_out and field[0] != EVALUATE}
     assert by_kind(sent) == by_kind(expected)
 
 
