@@ -36,7 +36,6 @@ import json
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 from finished_run import GlobalModel, label_version, last_round
@@ -200,8 +199,11 @@ def f1(run: Run, flagged: list[int] | None, among: set[int]) -> float | None:
     return detection_scores(flagged, truth)["f1"] if truth else None
 
 
-def report(run: Run) -> dict[str, Any]:
-    """Print one run's rules, the run's own first (checked); return each rule's final F1."""
+Final = tuple[float | None, int | None]  # a rule's final detection F1 and clients flagged (None: not replayed)
+
+
+def report(run: Run) -> dict[str, Final]:
+    """Print one run's rules, the run's own first (checked); return each rule's final F1 and flagged count."""
     own = replay(run, run.own_rule)
     for index, (mine, it) in enumerate(zip(own, run.iterations)):
         if mine != it.flagged:
@@ -210,30 +212,40 @@ def report(run: Run) -> dict[str, Any]:
     print(f"\n{run.path}: {len(run.noisy)} noisy clients, own rule {run.own_rule} (reproduced)")
     print(f"  {'rule':<16} " + " ".join(f"{f'iteration {i + 1}':>14}" for i in range(len(run.iterations)))
           + f" {'final':>14}")
-    finals: dict[str, Any] = {}
+    finals: dict[str, Final] = {}
     everyone = set().union(*(it.lid for it in run.iterations))
     for rule in [run.own_rule, *(name for name in RULES if name != run.own_rule)]:
         flagged = replay(run, rule)
         cells = [f1(run, flags, set(it.lid if index < run.t1 else everyone))
                  for index, (flags, it) in enumerate(zip(flagged, run.iterations))]
         final = f1(run, flagged[-1], everyone)
-        finals[rule] = final
+        finals[rule] = (final, None if flagged[-1] is None else len(flagged[-1]))
         text = [("-" if value is None else f"{value:.3f}") + ("" if flags is None else f" ({len(flags)})")
                 for value, flags in zip([*cells, final], [*flagged, flagged[-1]])]
         print(f"  {rule:<16} " + " ".join(f"{cell:>14}" for cell in text))
     return finals
 
 
-def summary(finals: Mapping[Path, dict[str, float | None]]) -> None:
-    """Per rule over the runs: the final F1's mean and lowest, and the runs under MIN_F1."""
-    print(f"\nfinal detection F1 over {len(finals)} runs: mean, lowest, runs under {MIN_F1}")
+def summary(finals: Mapping[Path, dict[str, Final]]) -> None:
+    """Per rule over the runs with noisy clients: the final F1's mean and lowest, and the runs under
+    MIN_F1; over the runs without: the clients flagged in each."""
+    print(f"\nfinal detection F1 over the runs with noisy clients: mean, lowest, runs under {MIN_F1}; "
+          "clients flagged in the runs without")
     for rule in RULES:
-        values = {path: run[rule] for path, run in finals.items() if run.get(rule) is not None}
-        if not values:
+        scored = {path: run[rule][0] for path, run in finals.items() if run[rule][0] is not None}
+        clean = [run[rule][1] for run in finals.values()
+                 if run[rule][0] is None and run[rule][1] is not None]
+        if not scored and not clean:
             continue
-        under = [str(path) for path, value in values.items() if value is not None and value < MIN_F1]
-        print(f"  {rule:<16} {np.mean(list(values.values())):.3f} {min(values.values()):.3f} "
-              f"{len(under)}/{len(values)}" + (f": {', '.join(under)}" if under else ""))
+        line = f"  {rule:<16}"
+        if scored:
+            under = [str(path) for path, value in scored.items() if value is not None and value < MIN_F1]
+            values = [value for value in scored.values() if value is not None]
+            line += (f" {np.mean(values):.3f} {min(values):.3f} {len(under)}/{len(scored)}"
+                     + (f" ({', '.join(under)})" if under else ""))
+        if clean:
+            line += f"; flagged without noisy clients: {clean}"
+        print(line)
 
 
 def main() -> None:

@@ -594,10 +594,11 @@ def test_the_client_split_replay_of_a_finished_run_reproduces_its_flags_and_refu
     assert all(set(it.shares) == {score} and set(it.shares[score]) == set(it.lid) for it in run.iterations)
     assert run.noisy == set(payload["fedcorr"]["true_noisy_clients"])
     finals = split.report(run)
-    assert finals[f"{score} two"] == pytest.approx(payload["fedcorr"]["detection"]["f1"])
+    assert finals[f"{score} two"] == (pytest.approx(payload["fedcorr"]["detection"]["f1"]),
+                                      len(payload["fedcorr"]["detected_noisy_clients"]))
     assert set(finals) == set(split.RULES)
     (unrecorded,) = set(split.SHARES) - {score}
-    assert finals[f"{unrecorded} two"] is None, "a score the run did not ask for is not replayed"
+    assert finals[f"{unrecorded} two"] == (None, None), "a score the run did not ask for is not replayed"
     if score == "disagreement":
         # Computed again from the stage-1-end checkpoint and the labels then, they are the ones the clients sent.
         *earlier, last = run.iterations
@@ -614,3 +615,12 @@ def test_the_client_split_replay_of_a_finished_run_reproduces_its_flags_and_refu
         split.report(other)
     with pytest.raises(ConfigError, match="no results.json"):
         split.load(tmp_path / "nowhere")
+
+
+def test_the_client_split_summary_scores_noisy_runs_and_counts_the_flagged_of_clean_ones(capsys):
+    split = load_bench("client_split")
+    unreplayed = dict.fromkeys(split.RULES, (None, None))
+    split.summary({Path("a"): {**unreplayed, "mean two": (1.0, 60)}, Path("b"): {**unreplayed, "mean two": (0.9, 55)},
+                   Path("clean"): {**unreplayed, "mean two": (None, 3)}})
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[2:] == ["  mean two         0.950 0.900 1/2 (b); flagged without noisy clients: [3]"]
