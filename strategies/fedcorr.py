@@ -518,7 +518,10 @@ class FedCorr(FederatedStrategy):
         assert self._grid is not None
 
         def read(reply: RecordDict, sender: str) -> float:
-            return 1.0 - read_reply(reply, Scores, sender).accuracy
+            accuracy = read_reply(reply, Scores, sender).accuracy
+            if not 0 <= accuracy <= 1:
+                raise ProtocolError(sender, "accuracy", f"is {accuracy}: a share in [0, 1] was asked for")
+            return 1.0 - accuracy
 
         return self.exchange(self._grid, dict.fromkeys(clients, instruction(arrays=arrays)), LOSS, read)
 

@@ -20,7 +20,7 @@ from test_fedavg import answer
 from common.errors import ConfigError
 from common.mixture import above_lowest
 from protocol.fedcorr import PLUGIN, CorrectIns, CorrectRes, LidRes, Stage1Ins
-from protocol.messages import LOSS, TrainIns, TrainStats, read_instruction, read_plugin_ins, reply
+from protocol.messages import LOSS, TrainIns, TrainStats, read_arrays, read_instruction, read_plugin_ins, reply
 from strategies import fedcorr as fedcorr_module
 from strategies.base import ClientFailure
 from strategies.fedavg import FedAvg
@@ -320,10 +320,10 @@ class Correcting:
 
 
 class Disagreeing(Correcting):
-    """Clients answering ``query.loss`` with accuracy 1 - ``disagreement(pid)`` and corrections with ``res``;
-    records who was asked what."""
+    """Clients answering ``query.loss`` with accuracy 1 - ``disagreement(pid)`` (None: a reply without
+    scores) and corrections with ``res``; records who was asked what."""
 
-    def __init__(self, res: CorrectRes, disagreement: Callable[[int], float], strategy: FedCorr) -> None:
+    def __init__(self, res: CorrectRes, disagreement: Callable[[int], float | None], strategy: FedCorr) -> None:
         super().__init__(res)
         self.disagreement, self.strategy = disagreement, strategy
         self.asked: list[tuple[str, int]] = []
@@ -335,7 +335,9 @@ class Disagreeing(Correcting):
             kind = message.metadata.message_type
             self.asked.append((kind, pid))
             if kind == LOSS:
-                scores = Scores(loss=1.0, accuracy=1.0 - self.disagreement(pid), num_examples=10)
+                assert read_arrays(message.content, "the server") == ARRAYS, "the iteration's global model"
+                share = self.disagreement(pid)
+                scores = self.res if share is None else Scores(loss=1.0, accuracy=1.0 - share, num_examples=10)
                 out.append(Message(content=reply(scores), reply_to=message))
             else:
                 out.extend(super().send_and_receive([message], timeout=timeout))
@@ -360,6 +362,13 @@ def test_the_disagreement_score_asks_every_client_of_the_iteration_and_splits_on
                       grid=Disagreeing(CorrectRes(n_relabeled=0, mu_hat=0.6), lambda pid: 0.8 if pid == 3 else 0.1,
                                        strategy))
     assert strategy.monitor is not None and strategy.monitor.detected == [3], "not the high-LID clients"
+    # A reply without scores, or an accuracy outside [0, 1], is refused, naming the client.
+    for share, refusal in ((None, r"key 'mu-hat' is not part of a Scores"),
+                           (-0.5, r"key 'accuracy' is 1.5: a share in")):
+        strategy = fedcorr("strategy.client_score=disagreement")
+        grid = Disagreeing(CorrectRes(n_relabeled=0, mu_hat=0.6), lambda pid, share=share: share, strategy)
+        with pytest.raises(ClientFailure, match=rf"^client \d+ sent a bad message: {refusal}"):
+            stage1_iterations(strategy, lambda pid: 5.0, grid=grid)
 
 
 @pytest.mark.parametrize(("rows", "keep"), [("all", None), ("noisy_subset", 0.2)])
