@@ -526,7 +526,7 @@ class FedCorr(FederatedStrategy):
         return self.exchange(self._grid, dict.fromkeys(clients, instruction(arrays=arrays)), LOSS, read)
 
     def _split_clients(self, scores: Mapping[int, float]) -> list[int]:
-        """The clients in the higher-mean GMM component of their LID scores (none when the guard, if
+        """The clients in the higher-mean GMM component of their scores (none when the guard, if
         any, finds one population); with ``client_components=bic``, those outside the lowest component."""
         pids = sorted(scores)
         guard, values = self.settings.client_split_guard, np.array([scores[pid] for pid in pids])
