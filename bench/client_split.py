@@ -106,7 +106,7 @@ def with_checkpoint_disagreement(run: Run) -> Run:
         if client in last.lid:
             held = label_version(run.path, client, end)
             labels = data.labels if held is None else held[1]
-            shares[client] = float(np.mean(model.probabilities(data, labels).argmax(axis=1) != labels))
+            shares[client] = 1.0 - model.scores(data, labels).accuracy
     replayed = replace(last, shares={**last.shares, "disagreement": shares})
     return replace(run, iterations=[*run.iterations[:-1], replayed])
 

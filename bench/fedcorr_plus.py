@@ -134,9 +134,11 @@ def targets(column: str, runs: dict[str, list[dict[str, float | None]]],
         lines.append(f"{NOISE_CELL}: label noise <= {100 * MAX_NOISE:g}% with precision >= {MIN_PRECISION}: "
                      f"{'met' if met else 'missed'} ({'-' if noise is None else f'{100 * noise:.2f}%'}, "
                      f"{'-' if precision is None else f'{precision:.3f}'})")
-    if column != "paper" and not set(runs) & set(paper):
+    if column == "paper":
+        return lines
+    if not set(runs) & set(paper):
         lines.append("best and final accuracy not below the paper's: not compared (no paper run in these cells)")
-    elif column != "paper":
+    else:
         losses = [f"{cell} {key} {100 * (theirs - ours):.2f}" for cell in runs if cell in paper
                   for key in ("best", "final")
                   if (ours := known_mean([run[key] for run in runs[cell]])) is not None

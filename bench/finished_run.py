@@ -22,7 +22,8 @@ from data.transforms import BatchTransform
 from server.checkpoints import CheckpointStore, read_checkpoint
 from settings.run import run_settings
 from task.build import model_for, transforms_for
-from task.evaluation import loss_and_proba
+from task.evaluation import evaluate, loss_and_proba
+from task.scores import Scores
 
 
 def label_version(run_dir: Path, client: int, before: int | None) -> tuple[int, np.ndarray] | None:
@@ -69,6 +70,11 @@ class GlobalModel:
         """Every client's partition id and data, in order."""
         for client in range(self.num_clients):
             yield client, client_data(self.scene, self.dataset, client)
+
+    def scores(self, data: ClientData, labels: np.ndarray) -> Scores:
+        """The model's loss and accuracy on the client's samples with ``labels``, as the client's own
+        ``query.loss`` computes them."""
+        return evaluate(self.model, data.images, labels, self.evaluation)
 
     def probabilities(self, data: ClientData, labels: np.ndarray) -> np.ndarray:
         """The model's softmax outputs on the client's samples (evaluation transforms)."""
