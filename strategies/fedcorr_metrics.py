@@ -193,6 +193,9 @@ class FedCorrMonitor:
             "detected_noisy_clients": sorted(self.detected),
             "finetune_clients": sorted(self.clean),
             "iterations": self.iterations,
+            # query.loss messages of the disagreement score: each sends the global model to a client and
+            # brings back three scalars (loss, accuracy, sample count); comm_cost counts training only.
+            "disagreement_queries": sum(len(record.get("disagreement", {})) for record in self.iterations),
             "clients": self.client_rows(),
         }
         if self.truth:

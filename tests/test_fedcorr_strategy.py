@@ -355,6 +355,7 @@ def test_the_disagreement_score_asks_every_client_of_the_iteration_and_splits_on
     first, second = strategy.monitor.iterations
     assert first["disagreement"] == {str(pid): pytest.approx(0.7 if pid in (1, 4, 6) else 0.2) for pid in range(10)}
     assert [pid for kind, pid in grid.asked if kind == LOSS] == list(range(10)) * 2, "each iteration, everyone"
+    assert strategy.monitor.results()["disagreement_queries"] == 20, "counted apart from the training rounds"
     assert sorted(pid for kind, pid in grid.asked if kind != LOSS) == [1, 1, 4, 4, 6, 6], "then the flagged correct"
     # The split reads the answers: a client whose model agrees with its labels is not flagged.
     strategy = fedcorr("strategy.client_score=disagreement")

@@ -102,10 +102,14 @@ def test_each_strategys_replies_carry_exactly_the_declared_fields(run_inprocess,
     overrides, left_out = RUNS[run]
     strategy = run.split("-")[0]
     sent: Sent = set()
-    run_inprocess(f"{SMOKE} {overrides}", client_app=recording(sent))
+    exchanges: list[tuple[Message, Message]] = []
+    payload, _ = run_inprocess(f"{SMOKE} {overrides}", client_app=recording(sent, exchanges))
     expected = {field for field in declared(strategy)
                 if field[2] not in left_out and field[0] not in left_out and field[0] != EVALUATE}
     assert by_kind(sent) == by_kind(expected)
+    if strategy == "fedcorr":  # results.json counts the score's queries (T1 = 1: one per client), apart from comm_cost
+        queries = sum(message.metadata.message_type == LOSS for message, _ in exchanges)
+        assert payload["fedcorr"]["disagreement_queries"] == queries == (10 if run == "fedcorr-disagreement" else 0)
 
 
 def test_every_declared_field_is_sent_by_some_run_or_answered_here(incoming, node_context, prepared_run):
