@@ -468,11 +468,12 @@ def test_fedcorr_plus_columns_are_fedcorr_with_one_switch_each_at_the_same_budge
 PLUS_SWITCHES = ("client_score", "client_components", "stage2_rows", "stage2_keep", "joiners")
 
 
-def plus_run(f1, flagged, noise, precision, best, final, late_f1=None, late_missed=None, queries=0.0, equal=None):
+def plus_run(f1, flagged, noise, precision, best, final, late_f1=None, late_missed=None, queries=0.0, equal=None,
+             last10=None):
     best_equal, final_equal = equal or (best, final)
     return {"f1": f1, "flagged": flagged, "noise": noise, "precision": precision, "best": best, "final": final,
-            "late_f1": late_f1, "late_missed": late_missed, "queries": queries, "best_equal": best_equal,
-            "final_equal": final_equal}
+            "last10": last10, "late_f1": late_f1, "late_missed": late_missed, "queries": queries,
+            "best_equal": best_equal, "final_equal": final_equal}
 
 
 def test_fedcorr_plus_targets_say_which_are_met_and_by_what_figure_one_is_missed():
@@ -506,11 +507,13 @@ def test_fedcorr_plus_targets_say_which_are_met_and_by_what_figure_one_is_missed
         "seed [18.0, 1.0])")
     # Three queries move the model three times, as 1.5 participations do: the run is read up to 6 - 1.5.
     rounds = [{"comm_cost": cost, "test_acc": acc} for cost, acc in ((2, 0.5), (3, None), (4, 0.88), (6, 0.87))]
-    payload = {"summary": {"best_acc": 0.88, "final_acc": 0.87, "comm_cost": 6}, "rounds": rounds,
+    payload = {"summary": {"best_acc": 0.88, "final_acc": 0.87, "last10_mean_acc": 0.86, "comm_cost": 6},
+               "rounds": rounds,
                "fedcorr": {"detection": None, "detected_noisy_clients": [3, 4], "relabel_precision": 0.5,
                            "label_noise": {"after_stage2": 0.01},
                            "iterations": [{"disagreement": {"3": 0.6, "4": 0.7, "5": 0.1}}, {"lid": {"3": 1.0}}]}}
-    assert plus_bench.figures(payload) == plus_run(None, 2.0, 0.01, 0.5, 0.88, 0.87, queries=3.0, equal=(0.88, 0.88))
+    assert plus_bench.figures(payload) == plus_run(None, 2.0, 0.01, 0.5, 0.88, 0.87, queries=3.0, equal=(0.88, 0.88),
+                                                   last10=0.86)
     rounds[2]["test_acc"] = 0.86
     assert plus_bench.figures(payload)["best_equal"] == plus_bench.figures(payload)["final_equal"] == 0.86
 
