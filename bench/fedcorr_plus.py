@@ -204,8 +204,7 @@ def main() -> None:
           f"{args.overrides}); mean ± std over the seeds {args.seeds}")
     print(f"{'cell':<11} {'column':<15} {'n':>2} {'det. F1':>12} {'F1 low':>7} {'flagged':>9} {'noise s2 %':>11} "
           f"{'rel. prec.':>12} {'queries':>7} {'best %':>12} {'final %':>12} {'last-10 %':>12} {'best eq. %':>12} "
-          f"{'final eq. %':>12} "
-          f"{'late F1':>12} {'late missed':>11}")
+          f"{'final eq. %':>12} {'late F1':>12} {'late missed':>11}")
     for cell in args.cells:
         for column in args.columns:
             runs = found[column][cell]
