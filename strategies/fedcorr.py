@@ -263,6 +263,13 @@ class FedCorrSettings(StrategySettings):
             raise err.under(f"stage3_options.{self.stage3}") from None
 
 
+def share(value: float | None, sender: str, key: str) -> float:
+    """``value``, a share a client sent under ``key``; a missing one or one outside [0, 1] is refused."""
+    if value is None or not 0 <= value <= 1:
+        raise ProtocolError(sender, key, f"is {value}: a share in [0, 1] was asked for")
+    return value
+
+
 class FedCorr(FederatedStrategy):
     """The three-stage FedCorr strategy. Stage 3 is its own strategy (``settings.stage3``; None when it
     has no rounds) sharing FedCorr's run log and sampling generator, so rounds, cost and draws run on;
@@ -468,8 +475,8 @@ class FedCorr(FederatedStrategy):
     def _read_stage1(self, content: RecordDict, sender: str) -> TrainReply:
         reply = self.read_train(content, sender)
         extra = read_extra(content, PLUGIN, LidRes, sender)
-        if self.settings.client_score == "loss_share" and (extra.loss_share is None or not 0 <= extra.loss_share <= 1):
-            raise ProtocolError(sender, "loss-share", f"is {extra.loss_share}: a share in [0, 1] was asked for")
+        if self.settings.client_score == "loss_share":
+            share(extra.loss_share, sender, "loss-share")
         return TrainReply(reply.arrays, reply.result, extra)
 
     def _end_iteration(self, arrays: ArrayRecord) -> None:
@@ -518,10 +525,7 @@ class FedCorr(FederatedStrategy):
         assert self._grid is not None
 
         def read(reply: RecordDict, sender: str) -> float:
-            accuracy = read_reply(reply, Scores, sender).accuracy
-            if not 0 <= accuracy <= 1:
-                raise ProtocolError(sender, "accuracy", f"is {accuracy}: a share in [0, 1] was asked for")
-            return 1.0 - accuracy
+            return 1.0 - share(read_reply(reply, Scores, sender).accuracy, sender, "accuracy")
 
         return self.exchange(self._grid, dict.fromkeys(clients, instruction(arrays=arrays)), LOSS, read)
 
