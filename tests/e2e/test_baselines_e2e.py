@@ -1,5 +1,6 @@
 """FedProx, FedDyn, FedMedian, Power-of-Choice and FedLSR end to end on the smoke preset, through the
-real Flower simulation engine on Ray, as one Hydra multirun. (As FedCorr's stage 3, and each of their
+real Flower simulation engine on Ray, as one Hydra multirun, its jobs two at a time (a serial multirun
+is tests/e2e/test_sim_e2e.py). (As FedCorr's stage 3, and each of their
 mechanics, they are tested in the in-process tier: test_fedcorr_stages.py, test_baselines.py,
 test_learners.py.)"""
 
@@ -16,8 +17,9 @@ ROUNDS, PER_ROUND, POOL, CLIENTS = 3, 3, 6, 10  # smoke: 10 clients, fraction 0.
 def standalone(tmp_path_factory):
     out = tmp_path_factory.mktemp("baselines")
     # "++": Hydra checks a multirun's overrides against the default strategy (FedCorr, no num_rounds) first.
-    done = sim("-m", "experiment=smoke", f"strategy={','.join(METHODS)}", f"++strategy.num_rounds={ROUNDS}",
-               f"out_dir={out}/${{strategy.name}}", f"hydra.sweep.dir={out}/sweep", timeout=600)
+    done = sim("-m", "--jobs", "2", "experiment=smoke", f"strategy={','.join(METHODS)}",
+               f"++strategy.num_rounds={ROUNDS}", f"out_dir={out}/${{strategy.name}}", f"hydra.sweep.dir={out}/sweep",
+               timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     return {name: json.loads((out / name / "results.json").read_text()) for name in METHODS}
 
