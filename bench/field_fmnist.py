@@ -17,7 +17,9 @@ FedAvg, FedProx, FedLSR and FedNoRo 60 rounds of 10 clients; FedCorr T1 = 2, T2 
 rest; FedDiv 2 warm-up iterations and 40 rounds, as its paper (feddiv) and with every switch at its
 released code's choice (feddiv_code, conf/strategy/feddiv_code.yaml); FedES s1 = 10 rounds, one
 all-client estimation round, then SeGD rounds. Prints best / final / last-10-round mean test accuracy per cell and each
-method's detection F1 against the ground truth (FedES: its quality estimate's MSE instead), then
+method's detection F1 against the ground truth (FedES: its quality estimate's MSE instead), how many
+of its planned runs have finished, how far it fell from its best by the end (best - last-10) and its
+last-10 minus FedAvg's on the same seed (when FedAvg is a column), then
 the papers' CIFAR-10 numbers for the same kind of cell, and per paper its order of the methods it
 reports beside ours of the same methods (by best and by last-10 accuracy). ``--budget`` sets the
 cost; 600 is the table of docs/results.md, a longer one is the papers' regime where FedAvg memorises. Runs:
@@ -119,6 +121,37 @@ def summary(payloads: list[dict[str, Any] | None], key: str) -> str:
     return spread(values, 100) if values else "-"
 
 
+def forgetting(payloads: list[dict[str, Any] | None]) -> str:
+    """Mean ± std of best minus last-10 accuracy (points) over the finished runs: how far a method has
+    fallen from its best by the end, the sign of memorised noise; '-' if none finished."""
+    values = [p["summary"]["best_acc"] - p["summary"]["last10_mean_acc"] for p in payloads if p]
+    return spread(values, 100) if values else "-"
+
+
+def versus(payloads: list[dict[str, Any] | None], baseline: list[dict[str, Any] | None]) -> str:
+    """Mean ± std over the seeds where both finished of last-10 accuracy minus the baseline's on the
+    same seed (points): paired, so the spread the seed's scene gives both runs cancels; '-' if none."""
+    values = [p["summary"]["last10_mean_acc"] - b["summary"]["last10_mean_acc"]
+              for p, b in zip(payloads, baseline, strict=True) if p and b]
+    return spread(values, 100) if values else "-"
+
+
+def row(column: str, payloads: list[dict[str, Any] | None], paper: float | None, width: int,
+        baseline: list[dict[str, Any] | None] | None = None) -> str:
+    """One method's line of a cell: its figures over the finished runs, how many of the planned runs
+    those are, its last-10 against ``baseline``'s runs of the same seeds (FedAvg's; '-' without),
+    its detection and the paper's figure."""
+    f1 = [detection_f1(p, column) for p in payloads]
+    detect = spread(f1) if any(v is not None for v in f1) else "-"
+    if column == "fedes" and any(quality_mse(p) is not None for p in payloads):
+        detect = f"MSE {spread([quality_mse(p) for p in payloads], 1, 3)}"
+    runs = f"{sum(p is not None for p in payloads)}/{len(payloads)}"
+    return (f"{column:<{width}} {runs:>5} {summary(payloads, 'best_acc'):>13} {summary(payloads, 'final_acc'):>13} "
+            f"{summary(payloads, 'last10_mean_acc'):>13} {forgetting(payloads):>11} "
+            f"{'-' if baseline is None else versus(payloads, baseline):>12} {detect:>10} "
+            f"{'-' if paper is None else f'{paper:.2f}':>15}")
+
+
 def order(scores: dict[str, float]) -> str:
     """``fedcorr > fedavg > fedprox``: the methods from the highest score down (ties keep the given order)."""
     return " > ".join(sorted(scores, key=lambda method: -scores[method]))
@@ -181,19 +214,13 @@ def main() -> None:
     for cell in args.cells:
         print(f"\n{cell} ({', '.join(CELLS[cell])}; seeds {seeds[cell]})")
         width = max(9, *map(len, args.columns))
-        print(f"{'method':<{width}} {'best':>13} {'final':>13} {'last-10':>13} {'detect F1':>10} "
-              f"{'CIFAR-10 paper':>15}")
+        print(f"{'method':<{width}} {'runs':>5} {'best':>13} {'final':>13} {'last-10':>13} {'best-last10':>11} "
+              f"{'vs fedavg':>12} {'detect F1':>10} {'CIFAR-10 paper':>15}")
         papers = {method: value for figures in PAPERS[cell].values() for method, value in figures.items()}
+        fedavg = [done[(cell, "fedavg", seed)] for seed in seeds[cell]] if "fedavg" in args.columns else None
         for column in args.columns:
-            payloads = [done[(cell, column, seed)] for seed in seeds[cell]]
-            f1 = [detection_f1(p, column) for p in payloads]
-            detect = spread(f1) if any(v is not None for v in f1) else "-"
-            if column == "fedes" and any(quality_mse(p) is not None for p in payloads):
-                detect = f"MSE {spread([quality_mse(p) for p in payloads], 1, 3)}"
-            paper = papers.get(column)
-            print(f"{column:<{width}} {summary(payloads, 'best_acc'):>13} {summary(payloads, 'final_acc'):>13} "
-                  f"{summary(payloads, 'last10_mean_acc'):>13} {detect:>10} "
-                  f"{'-' if paper is None else f'{paper:.2f}':>15}")
+            print(row(column, [done[(cell, column, seed)] for seed in seeds[cell]], papers.get(column), width,
+                      None if column == "fedavg" else fedavg))
         ours = {key: {column: known_mean([run["summary"][key] for seed in seeds[cell]
                                           if (run := done[(cell, column, seed)])])
                       for column in args.columns} for key in ("best_acc", "last10_mean_acc")}

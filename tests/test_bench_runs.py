@@ -408,6 +408,32 @@ def test_field_bench_ranks_each_papers_methods_against_ours_of_the_same_methods(
     assert field_bench.rank_lines("es-sym0.5", {key: {"fedavg": 0.5} for key in ours}) == [], "one method: no order"
 
 
+def field_payload(best: float, final: float, last10: float, f1: float | None = None) -> dict:
+    return {"summary": {"best_acc": best, "final_acc": final, "last10_mean_acc": last10},
+            "feddiv": {"detection": None if f1 is None else {"f1": f1}}}
+
+
+def test_a_field_row_says_how_many_planned_runs_it_averages_and_how_far_they_fell_from_their_best():
+    runs = [field_payload(0.86, 0.80, 0.81, 0.75), None, field_payload(0.84, 0.80, 0.79, 0.77)]
+    cells = field_bench.row("feddiv", runs, 93.41, 11).split()
+    # 2 of the 3 seeds finished; best - last-10 is 5 points on each, so its std is 0.
+    assert cells == ["feddiv", "2/3", "85.00±1.41", "80.00±0.00", "80.00±1.41", "5.00±0.00", "-", "0.76±0.01",
+                     "93.41"]
+    cells = field_bench.row("fedavg", [None, None], None, 11).split()
+    assert cells == ["fedavg", "0/2", "-", "-", "-", "-", "-", "-", "-"], "nothing finished: no figure"
+    assert field_bench.row("fedavg", [field_payload(0.85, 0.84, 0.84)], None, 11).split()[1:6] == [
+        "1/1", "85.00", "84.00", "84.00", "1.00"], "one run: no spread"
+
+
+def test_a_field_row_compares_its_last_10_with_fedavgs_on_the_same_seeds_only():
+    fedavg = [field_payload(0.85, 0.84, 0.84), field_payload(0.83, 0.80, 0.80), None]
+    runs = [field_payload(0.86, 0.85, 0.85), field_payload(0.82, 0.82, 0.82), field_payload(0.9, 0.9, 0.9)]
+    # Seeds 1 and 2: +1 and +2 points; seed 3 has no FedAvg run, so its 90% is left out of the comparison.
+    assert field_bench.row("feddiv", runs, None, 11, fedavg).split()[6] == "1.50±0.71"
+    assert field_bench.row("feddiv", runs, None, 11, [None] * 3).split()[6] == "-", "no FedAvg run finished"
+    assert field_bench.row("feddiv", runs, None, 11).split()[6] == "-", "FedAvg not in the table"
+
+
 memorisation = load_bench("memorisation")
 
 
