@@ -117,23 +117,20 @@ def quality_mse(payload: dict[str, Any] | None) -> float | None:
 
 def summary(payloads: list[dict[str, Any] | None], key: str) -> str:
     """Mean ± std of a summary figure (%) over the finished runs; '-' if none finished."""
-    values = [p["summary"][key] for p in payloads if p]
-    return spread(values, 100) if values else "-"
+    return spread([p["summary"][key] for p in payloads if p], 100)
 
 
 def forgetting(payloads: list[dict[str, Any] | None]) -> str:
     """Mean ± std of best minus last-10 accuracy (points) over the finished runs: how far a method has
     fallen from its best by the end, the sign of memorised noise; '-' if none finished."""
-    values = [p["summary"]["best_acc"] - p["summary"]["last10_mean_acc"] for p in payloads if p]
-    return spread(values, 100) if values else "-"
+    return spread([p["summary"]["best_acc"] - p["summary"]["last10_mean_acc"] for p in payloads if p], 100)
 
 
 def versus(payloads: list[dict[str, Any] | None], baseline: list[dict[str, Any] | None]) -> str:
     """Mean ± std over the seeds where both finished of last-10 accuracy minus the baseline's on the
     same seed (points): paired, so the spread the seed's scene gives both runs cancels; '-' if none."""
-    values = [p["summary"]["last10_mean_acc"] - b["summary"]["last10_mean_acc"]
-              for p, b in zip(payloads, baseline, strict=True) if p and b]
-    return spread(values, 100) if values else "-"
+    return spread([p["summary"]["last10_mean_acc"] - b["summary"]["last10_mean_acc"]
+                   for p, b in zip(payloads, baseline, strict=True) if p and b], 100)
 
 
 def row(column: str, payloads: list[dict[str, Any] | None], paper: float | None, width: int,
@@ -141,8 +138,7 @@ def row(column: str, payloads: list[dict[str, Any] | None], paper: float | None,
     """One method's line of a cell: its figures over the finished runs, how many of the planned runs
     those are, its last-10 against ``baseline``'s runs of the same seeds (FedAvg's; '-' without),
     its detection and the paper's figure."""
-    f1 = [detection_f1(p, column) for p in payloads]
-    detect = spread(f1) if any(v is not None for v in f1) else "-"
+    detect = spread([detection_f1(p, column) for p in payloads])
     if column == "fedes" and any(quality_mse(p) is not None for p in payloads):
         detect = f"MSE {spread([quality_mse(p) for p in payloads], 1, 3)}"
     runs = f"{sum(p is not None for p in payloads)}/{len(payloads)}"
