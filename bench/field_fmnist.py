@@ -33,11 +33,17 @@ FedCorr column), then every other one takes them over from it (``strategy.stages
 its stage 3, with the same results as from round 0; overrides that change stages 1-2 for one column
 make it run its own. The end of the output says the time that saved. --reuse also continues a run
 stopped mid-run from its latest checkpoint (``resuming <out_dir> from round R``) instead of round 0.
+A run whose strategy's early rounds do not depend on the budget (all but FedNoRo's) and whose same run
+at a smaller budget has finished under the same ``--outputs`` continues from that run's end
+(``extend_from``) instead of round 0, with the same results: the 3,000-participation field does not
+compute its first 600 participations again.
 """
 
 from __future__ import annotations
 
 import argparse
+import re
+from pathlib import Path
 from typing import Any
 
 from runs import (
@@ -95,6 +101,13 @@ def cell_run(cell: str, column: str, seed: int, budget: int, experiment: str, ex
     strategy = [f"strategy={method}", *([f"strategy.stage3={stage3}"] if stage3 else [])]
     return [f"experiment={experiment}", *CELLS[cell], *strategy, f"comm_budget={budget}", *extra,
             f"seed={seed}", f"out_dir={outputs}/bench-field/{experiment}-budget{budget}/{cell}/seed{seed}/{column}"]
+
+
+def shorter_budgets(outputs: str, experiment: str, budget: int) -> list[int]:
+    """The budgets under ``budget`` that ``outputs`` holds field runs of, the largest first."""
+    found = (re.fullmatch(rf"{re.escape(experiment)}-budget(\d+)", path.name)
+             for path in (Path(outputs) / "bench-field").glob(f"{experiment}-budget*"))
+    return sorted((int(match[1]) for match in found if match and int(match[1]) < budget), reverse=True)
 
 
 def result_block(column: str) -> str:
@@ -202,8 +215,12 @@ def main() -> None:
     # Seed 1 of every cell first, so each cell's first row is complete early.
     order = sorted(planned, key=lambda key: (key[2], args.cells.index(key[0]), args.columns.index(key[1])))
     ledger = Ledger()
+    budgets = [] if args.report else shorter_budgets(args.outputs, args.experiment, args.budget)
+    shorter = {(cell, column, seed): [cell_run(cell, column, seed, budget, args.experiment, args.overrides,
+                                               args.outputs) for budget in budgets]
+               for cell, column, seed in planned}
     done = ({key: finished(planned[key]) for key in order} if args.report
-            else run_plan(planned, order, args.reuse, ledger, launcher))
+            else run_plan(planned, order, args.reuse, ledger, launcher, shorter))
 
     print(f"\nThe field on {args.experiment} at comm_budget={args.budget} client participations "
           f"(overrides {args.overrides}); test accuracy %, mean ± std over the seeds")

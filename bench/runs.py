@@ -44,10 +44,12 @@ Key = TypeVar("Key", bound=Hashable)
 PLATEAU_WINDOW = 20
 PLATEAU_POINTS = 0.003
 STAGES12_FROM = "strategy.stages12_from"
+EXTEND_FROM = "extend_from"
 # Keys in which a finished run may differ from the planned one and still be its run: ``resume`` only
-# says how it was started, and a run that took its stages 1-2 from another run computes what the same
-# run from round 0 computes (check_start makes sure the two runs agree in everything else).
-REUSE_IGNORES = ("resume", STAGES12_FROM)
+# says how it was started, and a run that took its stages 1-2 from another run or extended a shorter one
+# computes what the same run from round 0 computes (check_start and check_extension make sure the two
+# runs agree in everything else).
+REUSE_IGNORES = ("resume", STAGES12_FROM, EXTEND_FROM)
 
 
 def finished_results(out_dir: str, config: dict[str, Any]) -> dict[str, Any] | None:
@@ -115,7 +117,8 @@ class Outcome:
     """How the benchmark got one run's results, and the time it took by the benchmark's own clock.
 
     how: ``reused`` (finished before), ``resumed`` (from its own checkpoint of ``resumed_from``),
-    ``inherited`` (its stages 1-2 taken over from ``source``, up to round ``stage2_round``) or ``ran``.
+    ``inherited`` (its stages 1-2 taken over from ``source``, up to round ``stage2_round``), ``extended``
+    (continued from the end of the same run at a smaller budget) or ``ran``.
     seconds: wall time of this process on the run, Ray start-up included (results.json's ``wall_s`` of an
     inherited run includes its source's stages 1-2, of a resumed run the earlier attempts).
     """
@@ -150,8 +153,10 @@ class Pending:
 
     @property
     def how(self) -> str:
-        """``resumed``, ``inherited`` or ``ran`` (``Outcome.how``)."""
-        return "resumed" if self.resumed_from is not None else "inherited" if self.source else "ran"
+        """``resumed``, ``inherited``, ``extended`` or ``ran`` (``Outcome.how``)."""
+        if self.resumed_from is not None:
+            return "resumed"
+        return "inherited" if self.source else "extended" if self.cfg.get(EXTEND_FROM) else "ran"
 
     def record(self, payload: dict[str, Any], seconds: float, ledger: Ledger | None) -> dict[str, Any]:
         """Note the run's outcome in ``ledger``; returns ``payload``."""
@@ -269,17 +274,43 @@ def inheriting(overrides: list[str], source_overrides: list[str]) -> list[str]:
     return overrides
 
 
+def extending(overrides: list[str], shorter: list[list[str]]) -> list[str]:
+    """A planned run's overrides continuing the first finished run of ``shorter`` (the same run at
+    smaller budgets, the longest first) when it can (``extend_from``; else a line says why, and it runs
+    from round 0). A run that has started keeps how it started, so a stopped one resumes as it began."""
+    cfg, _ = planned(overrides)
+    record = CheckpointStore(cfg.out_dir).record()
+    if record is not None:
+        began = record.config.get(EXTEND_FROM)
+        return overrides if began is None else [*overrides, f"{EXTEND_FROM}={began}"]
+    for other in shorter:
+        try:
+            if finished(other) is None:
+                continue
+            candidate = [*overrides, f"{EXTEND_FROM}={planned(other)[0].out_dir}"]
+            load_run(planned(candidate)[0])
+        except ConfigError as err:
+            print(f"{cfg.out_dir} runs from round 0: {err}", flush=True)
+            return overrides
+        return candidate
+    return overrides
+
+
 def run_plan(plan: Mapping[Key, list[str]], order: list[Key], reuse: bool = False,
-             ledger: Ledger | None = None, launcher: Launcher | None = None) -> dict[Key, dict[str, Any]]:
+             ledger: Ledger | None = None, launcher: Launcher | None = None,
+             shorter: Mapping[Key, list[list[str]]] | None = None) -> dict[Key, dict[str, Any]]:
     """Run (or reuse, or resume) the planned runs in ``order``, FedCorr runs that can share stages 1-2
-    taking them over from their group's source (run first, before the first run that needs it).
-    A concurrent ``launcher`` (``--jobs N`` / ``--cluster``) runs them as separate processes, at most N
-    at once: first every run that needs no other, then the runs that take stages 1-2 over."""
+    taking them over from their group's source (run first, before the first run that needs it), and
+    the others continuing the same run at a smaller budget where ``shorter`` names one that finished
+    (``extending``). A concurrent ``launcher`` (``--jobs N`` / ``--cluster``) runs them as separate
+    processes, at most N at once: first every run that needs no other, then the runs that take stages
+    1-2 over."""
     sources = stages12_groups({key: resolved_config(plan[key]) for key in order})
     if ledger is not None:
         ledger.shared += len(sources)
+    shorter = shorter or {}
     if launcher is not None and launcher.concurrent:
-        return run_waves(plan, order, sources, reuse, ledger, launcher)
+        return run_waves(plan, order, sources, reuse, ledger, launcher, shorter)
     done: dict[Key, dict[str, Any]] = {}
 
     def obtain(key: Key) -> None:
@@ -288,21 +319,24 @@ def run_plan(plan: Mapping[Key, list[str]], order: list[Key], reuse: bool = Fals
         source = sources.get(key)
         if source is not None:
             obtain(source)
-        done[key] = run(own_overrides(plan, key, sources, reuse), reuse, ledger)
+        done[key] = run(own_overrides(plan, key, sources, reuse, shorter), reuse, ledger)
 
     for key in order:
         obtain(key)
     return {key: done[key] for key in order}
 
 
-def own_overrides(plan: Mapping[Key, list[str]], key: Key, sources: Mapping[Key, Key], reuse: bool) -> list[str]:
-    """A planned run's overrides, taking stages 1-2 over from its source's run (which has run) unless it
-    finished before and is reused."""
+def own_overrides(plan: Mapping[Key, list[str]], key: Key, sources: Mapping[Key, Key], reuse: bool,
+                  shorter: Mapping[Key, list[list[str]]]) -> list[str]:
+    """A planned run's overrides, taking stages 1-2 over from its source's run (which has run) or
+    extending a shorter run of ``shorter``, unless it finished before and is reused."""
     overrides = plan[key]
-    source = sources.get(key)
-    if source is None or (reuse and finished(overrides) is not None):
+    if reuse and finished(overrides) is not None:
         return overrides
-    return inheriting(overrides, plan[source])
+    source = sources.get(key)
+    if source is not None:
+        return inheriting(overrides, plan[source])
+    return extending(overrides, shorter[key]) if shorter.get(key) else overrides
 
 
 class RunsFailed(Exception):
@@ -314,7 +348,8 @@ class RunsFailed(Exception):
 
 
 def run_waves(plan: Mapping[Key, list[str]], order: list[Key], sources: Mapping[Key, Key], reuse: bool,
-              ledger: Ledger | None, launcher: Launcher) -> dict[Key, dict[str, Any]]:
+              ledger: Ledger | None, launcher: Launcher,
+              shorter: Mapping[Key, list[list[str]]]) -> dict[Key, dict[str, Any]]:
     """``run_plan`` with a concurrent launcher: each run a ``sim.py`` process (as ``run`` would run it in
     this one), the runs that need no other in a first wave, the ones taking stages 1-2 over in a second.
     A failed run stops the benchmark after its wave (raises ``RunsFailed``); rerun with ``--reuse``."""
@@ -322,7 +357,7 @@ def run_waves(plan: Mapping[Key, list[str]], order: list[Key], sources: Mapping[
     for wave in ([key for key in order if key not in sources], [key for key in order if key in sources]):
         waiting: dict[Key, Pending] = {}
         for key in wave:
-            job = pending(own_overrides(plan, key, sources, reuse), reuse, ledger)
+            job = pending(own_overrides(plan, key, sources, reuse, shorter), reuse, ledger)
             if isinstance(job, Pending):
                 waiting[key] = job
             else:

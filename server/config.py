@@ -17,9 +17,9 @@ from omegaconf import DictConfig
 
 from common.errors import InvalidValue
 from common.folders import check_output_folder
-from common.run_files import RESULTS
+from common.run_files import RESULTS, read_payload
 from common.seeding import rng_for
-from server.checkpoints import CheckpointStore
+from server.checkpoints import CheckpointStore, RunRecord
 from settings.identity import EXECUTION_KEYS, config_changes, run_differences
 from settings.run import RunSettings, run_settings
 from settings.scene import resolved
@@ -66,7 +66,8 @@ def check_server_extras(settings: RunSettings) -> None:
 
 BOOKKEEPING_KEYS = frozenset({"out_dir", "comm_budget", "server.checkpoint_every", "server.keep_checkpoints"})
 """Keys a run that starts from another run's checkpoint may change besides its strategy's stage keys
-(the budget only sizes what comes after that checkpoint)."""
+(``stages12_from``), and the only ones besides how it executes that a run extending another may
+change (``extend_from``): the budget only sizes what comes after that checkpoint."""
 
 
 def check_resume(settings: RunSettings) -> None:
@@ -101,17 +102,15 @@ def check_folder_holds_this_run(settings: RunSettings) -> None:
                            f"another out_dir, or set replace=true to replace that run")
 
 
-def check_start(settings: RunSettings, strategy: StrategyPlan) -> None:
-    """A run that starts from another run's checkpoint (``strategy.stages12_from``): that run must
-    exist, have that checkpoint, have computed it itself, and differ from this run only where the
-    strategy allows."""
-    start = strategy.settings.starts_from(settings.num_clients)
+def resumes_own_run(settings: RunSettings) -> bool:
+    """Whether the run continues from its own checkpoint (then it no longer needs the run it started from)."""
     own = CheckpointStore(settings.out_dir)
-    if start is None or (settings.resume and own.latest() is not None and own.record() is not None):
-        # A run that resumes from its own checkpoint no longer needs the run it started from.
-        return
-    folder, checkpoint_round = start
-    key = "strategy.stages12_from"
+    return settings.resume and own.latest() is not None and own.record() is not None
+
+
+def source_run(settings: RunSettings, key: str, folder: str, itself: str) -> tuple[CheckpointStore, RunRecord]:
+    """The checkpoints and record of the run in ``folder`` that this run starts from (named by ``key``):
+    another run's folder, written by this version, by a run that ``itself`` did so itself."""
     source = Path(folder).expanduser()
     if source.resolve() == Path(settings.out_dir).resolve():
         raise InvalidValue(key, folder, "another run's folder: this run writes to it (set out_dir elsewhere)")
@@ -120,7 +119,20 @@ def check_start(settings: RunSettings, strategy: StrategyPlan) -> None:
     if record is None:
         raise InvalidValue(key, folder, "the folder of a run this version wrote (it has no checkpoints/run.json)")
     if record.lineage.parent:
-        raise InvalidValue(key, folder, "a run that did its stages 1-2 itself (that one took them from another run)")
+        raise InvalidValue(key, folder, f"a run that {itself} itself (that one took them from another run)")
+    return store, record
+
+
+def check_start(settings: RunSettings, strategy: StrategyPlan) -> None:
+    """A run that starts from another run's checkpoint (``strategy.stages12_from``): that run must
+    exist, have that checkpoint, have computed it itself, and differ from this run only where the
+    strategy allows."""
+    start = strategy.settings.starts_from(settings.num_clients)
+    if start is None or resumes_own_run(settings):
+        return
+    folder, checkpoint_round = start
+    key = "strategy.stages12_from"
+    store, record = source_run(settings, key, folder, "did its stages 1-2")
     if store.at(checkpoint_round) is None:
         raise InvalidValue(key, folder, f"a run with a checkpoint at the end of its stage 2 (round "
                                         f"{checkpoint_round}); it has checkpoints at rounds {list(store.rounds())}")
@@ -128,6 +140,37 @@ def check_start(settings: RunSettings, strategy: StrategyPlan) -> None:
     changes = config_changes(record.config, settings.resolved, frozenset(ignore))
     if changes:
         raise InvalidValue(key, folder, f"a run whose stages 1-2 match this run's; differing: "
+                                        f"{'; '.join(changes[:6])}{' ...' if len(changes) > 6 else ''}")
+
+
+def check_extension(settings: RunSettings, strategy: StrategyPlan) -> None:
+    """A run that extends another (``extend_from``): that run must be finished, have computed its
+    rounds itself, differ from this run only in a smaller ``comm_budget``, and run a strategy whose
+    earlier rounds do not depend on the budget."""
+    if settings.extend_from is None or resumes_own_run(settings):
+        return
+    key, folder = "extend_from", settings.extend_from
+    if not strategy.cls.extends(strategy.settings):
+        raise InvalidValue(key, folder, f"null with strategy={strategy.name}: its comm_budget shapes its earlier "
+                                        "rounds too, so it runs from round 0")
+    if strategy.settings.starts_from(settings.num_clients) is not None:
+        raise InvalidValue(key, folder, "null with strategy.stages12_from: a run starts from one other run")
+    store, record = source_run(settings, key, folder, "computed its rounds")
+    try:
+        payload = read_payload(store.dir.parent)
+    except (OSError, ValueError):
+        payload = {}
+    last = payload["rounds"][-1]["round"] if payload.get("complete") and payload["rounds"] else None
+    if last is None or store.at(last) is None:
+        raise InvalidValue(key, folder, "a finished run with the checkpoint of its last round (this one is not "
+                                        "finished: resume it first)")
+    earlier, budget = record.config.get("comm_budget"), settings.comm_budget
+    if earlier is None or budget is None or budget <= earlier:
+        raise InvalidValue(key, folder, f"a run with a comm_budget smaller than this run's ({budget}); that run's "
+                                        f"is {earlier}")
+    changes = config_changes(record.config, settings.resolved, EXECUTION_KEYS | BOOKKEEPING_KEYS | {key})
+    if changes:
+        raise InvalidValue(key, folder, f"a run of this config at a smaller comm_budget; differing: "
                                         f"{'; '.join(changes[:6])}{' ...' if len(changes) > 6 else ''}")
 
 
@@ -142,4 +185,5 @@ def load_run(cfg: DictConfig | dict[str, Any]) -> RunPlan:
     check_resume(settings)
     check_folder_holds_this_run(settings)
     check_start(settings, strategy)
+    check_extension(settings, strategy)
     return RunPlan(settings, strategy)

@@ -124,12 +124,33 @@ class RoundReporter:
 
 @dataclass(frozen=True)
 class Start:
-    """Where a run starts: from round 0 (``checkpoint`` None), from its own last checkpoint
-    (``resume=true``), or from another run's (``inherited``: ``strategy.stages12_from``)."""
+    """Where a run starts (``how``): from round 0 (``fresh``), from its own last checkpoint
+    (``resumed``: ``resume=true``), from another run's at the end of its stage 2 (``stages12``:
+    ``strategy.stages12_from``) or at the end of a shorter run of its config (``extended``:
+    ``extend_from``)."""
 
     lineage: Lineage
     checkpoint: Checkpoint | None = None
-    inherited: bool = False
+    how: str = "fresh"
+
+    def take_over(self, strategy: FederatedStrategy) -> None:
+        """Give ``strategy`` the checkpoint's state the way this start asks (none for a fresh start)."""
+        if self.checkpoint is None:
+            return
+        state = self.checkpoint.strategy
+        {"stages12": strategy.inherit, "extended": strategy.extend}.get(self.how, strategy.restore)(state)
+        strategy.log.restore(self.checkpoint.log)
+        restore_generators(strategy.rng, self.checkpoint.generators)
+
+
+def taken_from(settings: RunSettings, strategy: FederatedStrategy) -> tuple[str, int, str] | None:
+    """The run this run starts from, the round of its checkpoint and how (``stages12`` or
+    ``extended``); None for a run from round 0 (``load_run`` checked the source)."""
+    if settings.extend_from is not None:
+        store = CheckpointStore(Path(settings.extend_from).expanduser())
+        return settings.extend_from, max(store.rounds()), "extended"
+    source = strategy.settings.starts_from(settings.num_clients)
+    return None if source is None else (*source, "stages12")
 
 
 def starting_point(settings: RunSettings, strategy: FederatedStrategy, store: CheckpointStore) -> Start:
@@ -141,21 +162,22 @@ def starting_point(settings: RunSettings, strategy: FederatedStrategy, store: Ch
     if latest is not None and record is not None:
         checkpoint = read_checkpoint(latest)
         print(f"resuming {settings.out_dir} from its checkpoint of round {checkpoint.round}", flush=True)
-        return Start(record.lineage.resumed(checkpoint.round), checkpoint)
+        return Start(record.lineage.resumed(checkpoint.round), checkpoint, "resumed")
     store.clear()
     shutil.rmtree(Path(settings.out_dir) / SIMULATION_STATE_DIR, ignore_errors=True)
-    source = strategy.settings.starts_from(settings.num_clients)
+    source = taken_from(settings, strategy)
     if source is None:
         return Start(Lineage.fresh())
-    folder, checkpoint_round = source
+    folder, checkpoint_round, how = source
     parent = CheckpointStore(Path(folder).expanduser())
     path, parent_record = parent.at(checkpoint_round), parent.record()
     assert path is not None and parent_record is not None  # load_run checked both
     checkpoint = read_checkpoint(path)
     inherit_folder(parent.dir.parent / SIMULATION_STATE_DIR, Path(settings.out_dir) / SIMULATION_STATE_DIR,
                    parent_record.lineage.run)
-    print(f"starting after round {checkpoint_round} of {folder} (its stages 1-2)", flush=True)
-    return Start(checkpoint.lineage.child(checkpoint_round), checkpoint, inherited=True)
+    what = "its stages 1-2" if how == "stages12" else f"its last round, to comm_budget={settings.comm_budget}"
+    print(f"starting after round {checkpoint_round} of {folder} ({what})", flush=True)
+    return Start(checkpoint.lineage.child(checkpoint_round), checkpoint, how)
 
 
 def check_nodes_keep_state(settings: RunSettings, strategy: FederatedStrategy, store: CheckpointStore) -> None:
@@ -164,10 +186,17 @@ def check_nodes_keep_state(settings: RunSettings, strategy: FederatedStrategy, s
     over from their own labels and the run would go on silently on the wrong state."""
     missing = sorted(strategy.federation.without_state)
     source = strategy.settings.starts_from(settings.num_clients)
-    resumes = settings.resume and store.latest() is not None
-    if not missing or not (resumes or source):
+    if not missing:
         return
-    key, value = ("resume", True) if resumes else ("strategy.stages12_from", source[0] if source else None)
+    value: bool | str
+    if settings.resume and store.latest() is not None:
+        key, value = "resume", True
+    elif settings.extend_from is not None:
+        key, value = "extend_from", settings.extend_from
+    elif source is not None:
+        key, value = "strategy.stages12_from", source[0]
+    else:
+        return
     raise InvalidValue(key, value, f"nodes that keep their state on disk; the nodes of partitions {missing[:10]}"
                                    f"{' ...' if len(missing) > 10 else ''} have no state-dir, so they would start "
                                    "over from their own labels (start them with --state-dir, or start the run over)")
@@ -226,12 +255,7 @@ def run_server(grid: Grid, plan: RunPlan, command: str | None = None, overrides:
                             provenance(command, overrides))
     if checkpoint is not None:
         arrays = checkpoint.global_arrays()
-        if start.inherited:
-            strategy.inherit(checkpoint.strategy)
-        else:
-            strategy.restore(checkpoint.strategy)
-        strategy.log.restore(checkpoint.log)
-        restore_generators(strategy.rng, checkpoint.generators)
+    start.take_over(strategy)
     store.write_record(RunRecord(settings.resolved, start.lineage))
     live = open_live_curves(settings, strategy.result_blocks, results.rounds)
     strategy.observe(RoundReporter(EvaluationSchedule.of(settings, strategy), CentralEvaluator(settings, dataset),
@@ -256,11 +280,13 @@ def run_server(grid: Grid, plan: RunPlan, command: str | None = None, overrides:
 def attempts_block(settings: RunSettings, strategy: FederatedStrategy, lineage: Lineage,
                    rounds: list[dict[str, Any]]) -> dict[str, Any]:
     """results.json's ``attempts``: the checkpoint rounds the run resumed from, and the run whose
-    stages 1-2 it took over, with that run's time up to there (which ``summary.wall_s`` and every
-    ``elapsed_s`` include)."""
-    source = None
+    stages 1-2 it took over or which it extended, with that run's time up to there (which
+    ``summary.wall_s`` and every ``elapsed_s`` include)."""
+    block: dict[str, Any] = {"resumed_at": list(lineage.resumed_at), "stages12_from": None, "extended_from": None}
     if lineage.parent:
         taken = next(row["elapsed_s"] for row in rounds if row["round"] == lineage.parent_round)
         started = strategy.settings.starts_from(settings.num_clients)
-        source = {"run_dir": started[0] if started else None, "round": lineage.parent_round, "elapsed_s": taken}
-    return {"resumed_at": list(lineage.resumed_at), "stages12_from": source}
+        key, folder = ("extended_from", settings.extend_from) if settings.extend_from is not None else (
+            "stages12_from", started[0] if started else None)
+        block[key] = {"run_dir": folder, "round": lineage.parent_round, "elapsed_s": taken}
+    return block

@@ -20,10 +20,12 @@ EXECUTION_KEYS = frozenset({"resume", "replace", "logging", "simulation.verbose"
 NOT_IDENTITY = EXECUTION_KEYS | frozenset({
     "out_dir", "ground_truth", "scene", "export", "simulation", "server.device", "client.device",
     "server.checkpoint_every", "server.keep_checkpoints", "dataset.root", "dataset.download", "dataset.cache_dir",
+    "extend_from",
 })
 """Keys two runs may differ in and still be the same run: where it writes and checkpoints, where its
-data is read from, what runs it (devices, Ray), what it logs, and whether the server may read the
-ground truth (which adds diagnostics to the results, not a different computation)."""
+data is read from, what runs it (devices, Ray), what it logs, whether the server may read the
+ground truth (which adds diagnostics to the results, not a different computation), and the shorter run
+of its config it continues from (``extend_from``: the same results as from round 0)."""
 SCENE_KEYS = frozenset({"dataset.name", "dataset.num_classes", "partition", "noise", "num_clients", "seed"})
 """The keys the default out_dir spells out in its path (the scene); the digest covers the rest."""
 AS_BEFORE: dict[str, Any] = {
@@ -33,6 +35,7 @@ AS_BEFORE: dict[str, Any] = {
     "strategy.client_score": "cumulative",
     "strategy.client_components": "two",
     "strategy.joiners": "as_clean",
+    "extend_from": None,
 }
 """Options added after runs were stored, each with the value at which a run computes what a run of the
 code before it computed. A stored config without such a key and one with it at that value do not

@@ -16,7 +16,7 @@ from typing import Any
 from omegaconf import DictConfig
 
 from common.errors import ConfigError, InvalidValue
-from common.validation import Checked, Declared, Flag, Interval, Options, Pattern, from_mapping, option
+from common.validation import Checked, Declared, Flag, FolderPath, Interval, Options, Pattern, from_mapping, option
 from data.scene import SEED, SceneSpec
 from data.transforms import TransformPair, TransformSpec
 from models import ModelSpec
@@ -181,6 +181,8 @@ class RunSettings(Checked):
     ground_truth: bool = option(Flag(), "whether the server may read the scene's ground truth")
     resume: bool = option(Flag(), "continue the run in out_dir from its last checkpoint (false: start over)")
     replace: bool = option(Flag(), "whether the run may replace another run's results in out_dir")
+    extend_from: str | None = option(FolderPath(or_none=True),
+                                     "a finished run of this config at a smaller comm_budget to continue from")
     server: ServerSettings = option(meaning="how the ServerApp runs")
     participation: ParticipationSettings = option(meaning="which clients take part from which round")
     logging: LoggingSettings = option(meaning="what a run logs besides results.json")
@@ -230,7 +232,7 @@ def run_settings(cfg: DictConfig | dict[str, Any]) -> RunSettings:
         return RunSettings(
             seed=values["seed"], num_clients=values["num_clients"], out_dir=out_dir(values),
             comm_budget=values.get("comm_budget"), ground_truth=values.get("ground_truth", False),
-            resume=values["resume"], replace=values["replace"],
+            resume=values["resume"], replace=values["replace"], extend_from=values.get("extend_from"),
             scene=scene, model=model, transforms=transforms,
             server=from_mapping(ServerSettings, values["server"], "server"),
             participation=from_mapping(ParticipationSettings, values["participation"], "participation"),

@@ -155,6 +155,11 @@ class FederatedStrategy(Strategy):
     resume, or shared with the run (the sampling generator and the run log, which the server's
     checkpoint keeps once). Every other attribute is state and goes into ``state()``; a subclass
     that holds more wiring adds its names."""
+    budget_sized: ClassVar[frozenset[str] | None] = None
+    """The attributes that ``comm_budget`` sizes, which a run extending a shorter run of the same config
+    (``extend_from``) computes for its own budget instead of taking over; every other part of its state
+    must not depend on the budget. None: the budget shapes earlier rounds too (a warm-up of a tenth of
+    the rounds), so the strategy cannot extend a run."""
 
     def __init__(self, settings: StrategySettings, context: StrategyContext) -> None:
         if self.needs_parameter_names and not context.parameter_names:
@@ -245,6 +250,18 @@ class FederatedStrategy(Strategy):
         """Continue from the ``state()`` of another run's checkpoint at ``settings.starts_from``; only
         a strategy whose settings name such a run implements it."""
         raise NotImplementedError(f"{type(self).__name__} does not start from another run")
+
+    @classmethod
+    def extends(cls, settings: StrategySettings) -> bool:
+        """Whether a run with ``settings`` can extend a shorter run of its config (``budget_sized``)."""
+        return cls.budget_sized is not None
+
+    def extend(self, state: dict[str, Any]) -> None:
+        """Continue from the ``state()`` of the last checkpoint of a run that differs from this one only
+        in a smaller budget (``extend_from``): all of it but what the budget sizes."""
+        if self.budget_sized is None:
+            raise NotImplementedError(f"{type(self).__name__} cannot extend a run: the budget shapes its early rounds")
+        self.restore({name: value for name, value in state.items() if name not in self.budget_sized})
 
     def restore(self, state: dict[str, Any]) -> None:
         """Continue from ``state()`` of a strategy built and bound with the same settings."""

@@ -72,6 +72,7 @@ class FedAvg(FederatedStrategy):
     """Whether FedCorr may run it as its stage 3."""
     plugin: ClassVar[str] = ""
     """The client plug-in its clients train with (``""``: plain local training)."""
+    budget_sized: ClassVar[frozenset[str] | None] = frozenset({"num_rounds"})
 
     def __init__(self, settings: RoundSettings, context: StrategyContext, stage: str | None = None) -> None:
         super().__init__(settings, context)

@@ -283,6 +283,8 @@ class FedCorr(FederatedStrategy):
     min_client_samples = 2
     # Stage 3 keeps its own state (``state``); the grid is the one of the round in progress.
     transient = FederatedStrategy.transient | {"stage3", "_grid"}
+    # None of its own state depends on the budget, which only sizes stage 3.
+    budget_sized = frozenset()
 
     def __init__(self, settings: FedCorrSettings, context: StrategyContext) -> None:
         super().__init__(settings, context)
@@ -382,6 +384,20 @@ class FedCorr(FederatedStrategy):
         super().restore(own)
         if stage3 is not None and self.stage3 is not None:
             self.stage3.restore(stage3)
+
+    @classmethod
+    def extends(cls, settings: StrategySettings) -> bool:
+        """Stages 1-2 do not depend on the budget, so whether stage 3 can extend its rounds."""
+        assert isinstance(settings, FedCorrSettings)
+        stage3 = not settings.ablation.usual_training or settings.stage3_class().extends(settings.stage3_settings())
+        return super().extends(settings) and stage3
+
+    def extend(self, state: dict[str, Any]) -> None:
+        """Continue from the last checkpoint of the same config at a smaller budget: FedCorr's own
+        state, and stage 3's with what the budget sizes computed anew."""
+        self.restore({**state, "stage3": None})  # FedCorr's own: nothing in it depends on the budget
+        if state["stage3"] is not None and self.stage3 is not None:
+            self.stage3.extend(state["stage3"])
 
     def inherit(self, state: dict[str, Any]) -> None:
         """Take over another run's state at the end of its stage 2 (``stages12_from``): FedCorr's own,

@@ -142,6 +142,8 @@ class FedNoRo(FedAvg):
     two_networks = False
     stage3 = False
     plugin = PLUGIN
+    # Its warm-up (a tenth of the rounds by default) and its distillation ramp scale with the budget.
+    budget_sized = None
 
     def __init__(self, settings: FedNoRoSettings, context: StrategyContext, stage: str | None = None) -> None:
         super().__init__(settings, context, stage or WARMUP)

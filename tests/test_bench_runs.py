@@ -93,7 +93,7 @@ def test_differing_keys_names_changed_added_and_removed_nested_keys():
 
 def test_an_option_added_since_a_run_at_its_as_before_value_is_no_difference():
     stored = {"seed": 1, "strategy": {"name": "fedcorr", "theta": 0.5}}
-    planned = {"seed": 1, "participation": {"late": 0.0, "join_round": 2},
+    planned = {"seed": 1, "participation": {"late": 0.0, "join_round": 2}, "extend_from": None,
                "strategy": {"name": "fedcorr", "theta": 0.5, "stage2_keep": None, "client_score": "cumulative"}}
     assert runs.changed_keys(stored, planned) == [] == runs.changed_keys(planned, stored)
     late = {**planned, "participation": {"late": 0.3, "join_round": 2}}
@@ -351,6 +351,31 @@ def test_a_stopped_inherited_run_resumes_with_its_source_unchanged(tmp_path, sim
     assert simulations[-1][-3:] == [f"strategy.stages12_from={tmp_path / 'plain'}", "ground_truth=true", "resume=true"]
     assert [(o.how, o.resumed_from) for o in ledger.outcomes] == [("reused", None), ("resumed", 38)]
     assert f"resuming {tmp_path / 'poc'} from round 38" in capsys.readouterr().out
+
+
+def test_a_field_run_extends_its_finished_run_at_a_smaller_budget_when_its_strategy_can(tmp_path, capsys):
+    def plan(column: str, budget: int) -> list[str]:
+        return field_bench.cell_run("corr-iid", column, 1, budget, "smoke", [], str(tmp_path))
+
+    assert field_bench.shorter_budgets(str(tmp_path), "smoke", 90) == []
+    for column in ("fedavg", "fednoro"):  # finished at 30 participations: 10 rounds of 3 clients
+        config = runs.resolved_config(plan(column, 30))
+        store = leave_unfinished(Path(config["out_dir"]), config, (10,))
+        payload = {"complete": True, "config": config, "rounds": [{"round": r} for r in range(1, 11)]}
+        Path(config["out_dir"], "results.json").write_text(json.dumps(payload))
+    (tmp_path / "bench-field" / "smoke-budget600").mkdir()  # a larger budget is no source
+    (tmp_path / "bench-field" / "fmnist-budget60").mkdir()  # nor another experiment
+    assert field_bench.shorter_budgets(str(tmp_path), "smoke", 90) == [30]
+    source = f"extend_from={store.dir.parent.parent / 'fedavg'}"
+    assert runs.extending(plan("fedavg", 90), [plan("fedavg", 60), plan("fedavg", 30)]) == [*plan("fedavg", 90), source]
+    assert runs.extending(plan("fednoro", 90), [plan("fednoro", 30)]) == plan("fednoro", 90)
+    assert "runs from round 0: extend_from=" in capsys.readouterr().out
+    # A run that has started keeps how it started: from round 0, or from the shorter run.
+    longer = runs.resolved_config(plan("fedavg", 90))
+    leave_unfinished(Path(longer["out_dir"]), longer, (20,))
+    assert runs.extending(plan("fedavg", 90), [plan("fedavg", 30)]) == plan("fedavg", 90)
+    leave_unfinished(Path(longer["out_dir"]), {**longer, "extend_from": "elsewhere"}, (20,))
+    assert runs.extending(plan("fedavg", 90), []) == [*plan("fedavg", 90), "extend_from=elsewhere"]
 
 
 def test_time_saved_is_the_sources_stages_12_time_less_the_slower_first_round_of_each_run_that_took_them_over(

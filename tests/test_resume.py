@@ -1,13 +1,15 @@
 """Resume after a kill, in process: every strategy killed mid-run (mid-round: some nodes have already
 written this round's state) and resumed ends exactly as an uninterrupted run; FedCorr from each of its
-stages; a run that takes another run's stages 1-2; the checkpoint store, the nodes' state versions
-and the strategy state interface. The SIGKILL tests of real processes are in tests/e2e."""
+stages; a run that takes another run's stages 1-2; a run that extends a shorter run of its config; the
+checkpoint store, the nodes' state versions and the strategy state interface. The SIGKILL tests of real
+processes are in tests/e2e."""
 
 from __future__ import annotations
 
 import csv
 import json
 import pickle
+import shutil
 from dataclasses import fields, is_dataclass
 from pathlib import Path
 from typing import Any
@@ -99,7 +101,7 @@ def comparable(payload: dict[str, Any]) -> dict[str, Any]:
     payload.pop("provenance")
     for row in payload["rounds"]:
         row.pop("elapsed_s")
-    for key in ("out_dir", "resume"):
+    for key in ("out_dir", "resume", "extend_from"):
         payload["config"].pop(key)
     payload["config"]["strategy"].pop("stages12_from", None)
     return payload
@@ -166,7 +168,7 @@ def test_a_second_kill_after_a_resume_still_resumes_identically(run_at, tmp_path
         assert run_at(overrides + again, "resumed", kill_at=kill_at)[0] is None
     resumed, _ = run_at(f"{overrides} resume=true", "resumed")
     assert_same_run(resumed, reference, tmp_path, ("resumed", "reference"))
-    assert resumed["attempts"] == {"resumed_at": [2, 4], "stages12_from": None}
+    assert resumed["attempts"] == {"resumed_at": [2, 4], "stages12_from": None, "extended_from": None}
     # One provenance record per attempt, oldest first: the two killed ones kept through their checkpoints.
     assert len(resumed["provenance"]) == 3
     started = [record["started"] for record in resumed["provenance"]]
@@ -204,6 +206,63 @@ def test_stages12_from_refuses_a_run_whose_stages_1_2_differ(run_at, tmp_path):
     with pytest.raises(ConfigError, match="it holds no node state|has no checkpoints/run.json"):
         load_run(compose_config([*words[:5], f"strategy.stages12_from={tmp_path}", f"out_dir={tmp_path / 'x'}"]))
     assert not (tmp_path / "other").exists()
+
+
+# Strategies whose early rounds do not depend on the budget, each at two budgets; the shorter run ends in
+# the method's last phase: FedCorr's stage 3 (FedDyn, with its nodes' state), FedDiv's main phase after
+# its warm-up, FedES's SeGD rounds after its estimation round.
+EXTENDED = {
+    "fedcorr": ("strategy=fedcorr strategy.t1=1 strategy.t2=2 strategy.stage3=feddyn", 19, 25),
+    "feddiv": ("strategy=feddiv", 23, 32),
+    "fedes": ("strategy=fedes strategy.s1=1", 16, 22),
+}
+
+
+def trained(grid: LocalGrid) -> int:
+    return sum(message.metadata.message_type == "train" for message in grid.delivered)
+
+
+@pytest.mark.parametrize("name", EXTENDED)
+def test_a_run_extended_to_a_larger_budget_equals_the_run_at_that_budget(run_at, tmp_path, name):
+    overrides, short, long = EXTENDED[name]
+    source, short_grid = run_at(f"{overrides} comm_budget={short}", "short")
+    reference, whole = run_at(f"{overrides} comm_budget={long}", "long")
+    extended, grid = run_at(f"{overrides} comm_budget={long} extend_from={tmp_path / 'short'}", "extended")
+    assert_same_run(extended, reference, tmp_path, ("extended", "long"))
+    last = source["rounds"][-1]["round"]
+    assert last < reference["rounds"][-1]["round"]
+    assert trained(grid) == trained(whole) - trained(short_grid) > 0, "only the rounds after the shorter run's"
+    assert extended["attempts"]["extended_from"] == {
+        "run_dir": str(tmp_path / "short"), "round": last, "elapsed_s": source["rounds"][-1]["elapsed_s"]}
+    # Killed before its last message and resumed from its own checkpoint: the same run, without the
+    # shorter run's folder.
+    again = f"{overrides} comm_budget={long} extend_from={tmp_path / 'short'}"
+    assert run_at(again, "again", kill_at=len(grid.delivered) - 1)[0] is None
+    assert max(CheckpointStore(tmp_path / "again").rounds()) > last
+    shutil.rmtree(tmp_path / "short")
+    resumed, _ = run_at(f"{again} resume=true", "again")
+    assert_same_run(resumed, reference, tmp_path, ("again", "long"))
+
+
+def test_extend_from_is_refused_in_one_line_unless_it_names_a_finished_shorter_run_of_the_config(run_at, tmp_path):
+    run_at("strategy=fedavg comm_budget=6", "short")
+    assert run_at("strategy=fedavg comm_budget=12", "killed", kill_at=15)[0] is None
+
+    def refused(overrides: str, folder: str = "short") -> str:
+        words = [*SMOKE.split(), *overrides.split(), f"extend_from={tmp_path / folder}", f"out_dir={tmp_path / 'x'}"]
+        with pytest.raises(ConfigError) as err:
+            load_run(compose_config(words))
+        message = str(err.value)
+        assert message.startswith("extend_from=") and "\n" not in message
+        return message
+
+    assert "null with strategy=fednoro: its comm_budget shapes its earlier rounds" in refused(
+        "strategy=fednoro comm_budget=60")
+    assert "comm_budget smaller than this run's (6); that run's is 6" in refused("strategy=fedavg comm_budget=6")
+    assert "differing: seed (1 -> 2)" in refused("strategy=fedavg comm_budget=12 seed=2")
+    assert "a finished run" in refused("strategy=fedavg comm_budget=12", "killed")
+    assert "has no checkpoints/run.json" in refused("strategy=fedavg comm_budget=12", "nothing")
+    assert not (tmp_path / "x").exists()
 
 
 def test_resume_refuses_a_changed_config_naming_the_keys(run_at, tmp_path):
@@ -274,19 +333,15 @@ def same(a: Any, b: Any) -> bool:
 PER_ROUND = {"global_arrays", "_sent", "_grid", "log", "rng", "timeout", "context"}
 
 
-@pytest.mark.parametrize("name", sorted(RUNS))
-def test_a_strategys_state_is_everything_that_changes_and_restores_whole(flower_identity, tmp_path, name):
-    """What a checkpoint keeps of a strategy is ``state()``: everything but its ``transient`` wiring.
-    After some rounds, a fresh strategy restored from that state equals the run's in every attribute,
-    and no transient attribute changed during the run (so state kept there would be lost)."""
+def builder(overrides: str, out_dir: Path):
+    """``(build, grid, model)``: ``build()`` makes the run's strategy afresh, bound to the grid's nodes."""
     from client.app import app as client_app
-
-    words = [*f"{SMOKE} {RUNS[name]}".split(), f"out_dir={tmp_path / 'run'}"]
-    plan = load_run(compose_config(words))
-    grid = LocalGrid(client_app, num_nodes=10, run_config={"overrides": " ".join(words)})
     from data.scene import prepare_scene
     from strategies.ground_truth import GroundTruth
 
+    words = [*overrides.split(), f"out_dir={out_dir}"]
+    plan = load_run(compose_config(words))
+    grid = LocalGrid(client_app, num_nodes=10, run_config={"overrides": " ".join(words)})
     scene, dataset, _ = prepare_scene(plan.settings.scene, plan.settings.out_dir)
     model = initial_model(plan.settings, dataset)
 
@@ -298,6 +353,15 @@ def test_a_strategys_state_is_everything_that_changes_and_restores_whole(flower_
         strategy.bind(discover(grid, 10, 5.0, 60.0))
         return strategy
 
+    return build, grid, model
+
+
+@pytest.mark.parametrize("name", sorted(RUNS))
+def test_a_strategys_state_is_everything_that_changes_and_restores_whole(flower_identity, tmp_path, name):
+    """What a checkpoint keeps of a strategy is ``state()``: everything but its ``transient`` wiring.
+    After some rounds, a fresh strategy restored from that state equals the run's in every attribute,
+    and no transient attribute changed during the run (so state kept there would be lost)."""
+    build, grid, model = builder(f"{SMOKE} {RUNS[name]}", tmp_path / "run")
     strategy, fresh = build(), build()
     stop = 3
 
@@ -316,6 +380,27 @@ def test_a_strategys_state_is_everything_that_changes_and_restores_whole(flower_
     assert changed, f"{name} learnt nothing in {stop} rounds: the test would not bite"
     for key in set(vars(strategy)) - set(saved) - PER_ROUND:
         assert same(vars(strategy)[key], vars(fresh)[key]), f"{name}.{key} changed during the run but is not saved"
+
+
+@pytest.mark.parametrize("name", sorted(RUNS))
+def test_a_strategy_that_extends_runs_differs_across_budgets_only_where_it_says(flower_identity, tmp_path, name):
+    """Built for two budgets, a strategy differs only in its ``budget_sized`` attributes (FedCorr's
+    stage 3 in its own), so a longer run may take over the rest from a shorter one (``extend_from``);
+    one that says it cannot extend runs differs in more."""
+    short, long = (builder(f"{SMOKE} {RUNS[name]} comm_budget={budget}", tmp_path / str(budget))[0]()
+                   for budget in (60, 90))
+    differing = {key for key, value in short.state().items() if not same(value, long.state()[key])}
+    if "stage3" in differing:
+        inner = short.stage3.state()
+        differing |= {f"stage3.{key}" for key, value in inner.items() if not same(value, long.stage3.state()[key])}
+        allowed = {"stage3", *(f"stage3.{key}" for key in short.stage3.budget_sized or ())}
+    else:
+        allowed = set()
+    if short.budget_sized is None:
+        assert differing - {"num_rounds"}, f"{name} says the budget shapes its early rounds; it sizes only num_rounds"
+    else:
+        assert differing, "the budget changed nothing: the test would not bite"
+        assert differing <= short.budget_sized | allowed
 
 
 def test_every_registered_strategy_is_covered():

@@ -139,7 +139,7 @@ def assert_resumed(out: Path, reference: Path, *checkpoint_rounds: int) -> None:
     record = store.record()
     assert record is not None and record.lineage.resumed_at == checkpoint_rounds
     attempts = json.loads((out / "results.json").read_text())["attempts"]
-    assert attempts == {"resumed_at": list(checkpoint_rounds), "stages12_from": None}
+    assert attempts == {"resumed_at": list(checkpoint_rounds), "stages12_from": None, "extended_from": None}
     assert json.loads((reference / "results.json").read_text())["attempts"]["resumed_at"] == []
     assert list(store.dir.glob(".*.tmp")) == []
     assert len([path for _, stage, path in store.files() if not stage]) <= KEEP
