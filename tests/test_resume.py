@@ -210,11 +210,12 @@ def test_stages12_from_refuses_a_run_whose_stages_1_2_differ(run_at, tmp_path):
 
 # Strategies whose early rounds do not depend on the budget, each at two budgets; the shorter run ends in
 # the method's last phase: FedCorr's stage 3 (FedDyn, with its nodes' state), FedDiv's main phase after
-# its warm-up, FedES's SeGD rounds after its estimation round.
+# its warm-up, FedES's SeGD rounds after its estimation round (which averages the weights by their mean:
+# the mixture fits of its other sums are most of a run's time, and the clients do the same either way).
 EXTENDED = {
     "fedcorr": ("strategy=fedcorr strategy.t1=1 strategy.t2=2 strategy.stage3=feddyn", 19, 25),
     "feddiv": ("strategy=feddiv", 23, 32),
-    "fedes": ("strategy=fedes strategy.s1=1", 16, 22),
+    "fedes": ("strategy=fedes strategy.s1=1 strategy.mu=arithmetic_mean", 16, 22),
 }
 
 
@@ -234,8 +235,10 @@ def test_a_run_extended_to_a_larger_budget_equals_the_run_at_that_budget(run_at,
     assert trained(grid) == trained(whole) - trained(short_grid) > 0, "only the rounds after the shorter run's"
     assert extended["attempts"]["extended_from"] == {
         "run_dir": str(tmp_path / "short"), "round": last, "elapsed_s": source["rounds"][-1]["elapsed_s"]}
+    if name != "fedcorr":
+        return
     # Killed before its last message and resumed from its own checkpoint: the same run, without the
-    # shorter run's folder.
+    # shorter run's folder (once: a resume does not depend on how the run began).
     again = f"{overrides} comm_budget={long} extend_from={tmp_path / 'short'}"
     assert run_at(again, "again", kill_at=len(grid.delivered) - 1)[0] is None
     assert max(CheckpointStore(tmp_path / "again").rounds()) > last
