@@ -109,8 +109,9 @@ def resumes_own_run(settings: RunSettings) -> bool:
 
 
 def source_run(settings: RunSettings, key: str, folder: str, itself: str) -> tuple[CheckpointStore, RunRecord]:
-    """The checkpoints and record of the run in ``folder`` that this run starts from (named by ``key``):
-    another run's folder, written by this version, by a run that ``itself`` did so itself."""
+    """The checkpoints and record of the run in ``folder`` that this run starts from (``key`` names it):
+    another run's folder, with a run record this version wrote, of a run that ``itself`` (rather than
+    taking them from a third run)."""
     source = Path(folder).expanduser()
     if source.resolve() == Path(settings.out_dir).resolve():
         raise InvalidValue(key, folder, "another run's folder: this run writes to it (set out_dir elsewhere)")
