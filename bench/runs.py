@@ -453,9 +453,35 @@ def time_saved(ledger: Ledger) -> list[Saving]:
 
 
 def print_time_saved(ledger: Ledger) -> None:
-    """What sharing FedCorr's stages 1-2 saved in this invocation, and each run's time by the bench's clock."""
-    if not ledger.shared:
-        return
+    """What sharing FedCorr's stages 1-2 and extending shorter runs saved in this invocation, and each
+    run's time by the bench's clock."""
+    extended = [outcome for outcome in ledger.outcomes if outcome.how == "extended"]
+    if ledger.shared:
+        print_stages12_saved(ledger)
+    if extended:
+        print_extensions_saved(extended)
+    ran = [outcome for outcome in ledger.outcomes if outcome.how != "reused"]
+    if ran and (ledger.shared or extended):
+        print("bench clock per run (this process, Ray start-up included; results.json's wall_s of a run that "
+              "took stages 1-2 over or extended a shorter run includes that run's time):")
+        for outcome in ran:
+            print(f"  {outcome.seconds:8.1f} s  {outcome.how:<9}  {outcome.out_dir}")
+
+
+def print_extensions_saved(extended: list[Outcome]) -> None:
+    """The time of the shorter runs that the ``extended`` runs continued instead of computing again
+    (each one's ``attempts.extended_from``: its source's clock up to its last round)."""
+    taken = [(outcome, (outcome.payload.get("attempts") or {}).get("extended_from") or {}) for outcome in extended]
+    print(f"\nextend_from: {len(extended)} run(s) continued the same run at a smaller budget; in this invocation:")
+    for outcome, source in taken:
+        print(f"  {outcome.out_dir} continued {source.get('run_dir')} after its round {source.get('round')}: "
+              f"{source.get('elapsed_s', 0.0):.1f} s not run again")
+    print(f"time saved: {sum(source.get('elapsed_s', 0.0) for _, source in taken):.1f} s of shorter runs not run "
+          "again (their results writer's clock, without Ray start-up and the scene)")
+
+
+def print_stages12_saved(ledger: Ledger) -> None:
+    """What sharing FedCorr's stages 1-2 saved in this invocation."""
     saved = time_saved(ledger)
     print(f"\nFedCorr's stages 1-2: {ledger.shared} planned run(s) take them over from another planned run "
           f"(strategy.stages12_from); in this invocation:")
@@ -470,12 +496,6 @@ def print_time_saved(ledger: Ledger) -> None:
           "  (stages 1-2: the source's elapsed_s at its stage-2 end round in rounds.jsonl, the results writer's "
           "clock from its first round,\n  without Ray start-up and the scene, which every run pays; first round: "
           "all of a run's nodes start up there when it skips stages 1-2)")
-    ran = [outcome for outcome in ledger.outcomes if outcome.how != "reused"]
-    if ran:
-        print("bench clock per run (this process, Ray start-up included; results.json's wall_s of a run that "
-              "took stages 1-2 over includes its source's):")
-        for outcome in ran:
-            print(f"  {outcome.seconds:8.1f} s  {outcome.how:<9}  {outcome.out_dir}")
 
 
 def main_with_clear_errors(main: Callable[[], None]) -> None:

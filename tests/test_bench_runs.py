@@ -353,6 +353,18 @@ def test_a_stopped_inherited_run_resumes_with_its_source_unchanged(tmp_path, sim
     assert f"resuming {tmp_path / 'poc'} from round 38" in capsys.readouterr().out
 
 
+def test_the_time_extending_saved_is_the_shorter_runs_clock_up_to_its_last_round(capsys):
+    assert runs.Pending(OmegaConf.create({"extend_from": "out/short"}), [], None, None).how == "extended"
+    assert runs.Pending(OmegaConf.create({"extend_from": None}), [], None, None).how == "ran"
+    extended = runs.Outcome("out/long", "extended", 7.0,
+                            {"attempts": {"extended_from": {"run_dir": "out/short", "round": 60, "elapsed_s": 600.0}}})
+    runs.print_time_saved(runs.Ledger([extended, runs.Outcome("out/other", "ran", 3.0, {})]))
+    out = capsys.readouterr().out
+    assert "out/long continued out/short after its round 60: 600.0 s not run again" in out
+    assert "time saved: 600.0 s of shorter runs not run again" in out
+    assert "     7.0 s  extended   out/long" in out and "FedCorr's stages 1-2" not in out
+
+
 def test_a_field_run_extends_its_finished_run_at_a_smaller_budget_when_its_strategy_can(tmp_path, capsys):
     def plan(column: str, budget: int) -> list[str]:
         return field_bench.cell_run("corr-iid", column, 1, budget, "smoke", [], str(tmp_path))
