@@ -330,13 +330,10 @@ def own_overrides(plan: Mapping[Key, list[str]], key: Key, sources: Mapping[Key,
                   shorter: Mapping[Key, list[list[str]]]) -> list[str]:
     """A planned run's overrides, taking stages 1-2 over from its source's run (which has run) or
     extending a shorter run of ``shorter``, unless it finished before and is reused."""
-    overrides = plan[key]
-    if reuse and finished(overrides) is not None:
+    overrides, source = plan[key], sources.get(key)
+    if (source is None and not shorter.get(key)) or (reuse and finished(overrides) is not None):
         return overrides
-    source = sources.get(key)
-    if source is not None:
-        return inheriting(overrides, plan[source])
-    return extending(overrides, shorter[key]) if shorter.get(key) else overrides
+    return inheriting(overrides, plan[source]) if source is not None else extending(overrides, shorter[key])
 
 
 class RunsFailed(Exception):
