@@ -285,9 +285,10 @@ def extending(overrides: list[str], shorter: list[list[str]]) -> list[str]:
         return overrides if began is None else [*overrides, f"{EXTEND_FROM}={began}"]
     for other in shorter:
         try:
-            if finished(other) is None:
+            other_cfg, _ = planned(other)
+            if finished_run(other_cfg) is None:
                 continue
-            candidate = [*overrides, f"{EXTEND_FROM}={planned(other)[0].out_dir}"]
+            candidate = [*overrides, f"{EXTEND_FROM}={other_cfg.out_dir}"]
             load_run(planned(candidate)[0])
         except ConfigError as err:
             print(f"{cfg.out_dir} runs from round 0: {err}", flush=True)
