@@ -21,7 +21,8 @@ method's detection F1 against the ground truth (FedES: its quality estimate's MS
 of its planned runs have finished, how far it fell from its best by the end (best - last-10) and its
 last-10 minus FedAvg's on the same seed (when FedAvg is a column), then
 the papers' CIFAR-10 numbers for the same kind of cell, and per paper its order of the methods it
-reports beside ours of the same methods (by best and by last-10 accuracy). ``--budget`` sets the
+reports beside ours of the same methods (by best and by last-10 accuracy), and each method's final
+recall per class with its weakest class (from the final confusion matrix). ``--budget`` sets the
 cost; 600 is the table of docs/results.md, a longer one is the papers' regime where FedAvg memorises. Runs:
 outputs/bench-field/<experiment>-budget<B>/<cell>/seed<seed>/<column>/ (``--outputs``: another folder
 than outputs/).
@@ -61,6 +62,7 @@ from runs import (
 )
 
 # Imported after runs, which puts the project root ahead of bench/ (whose data.py is not our package).
+from data.sources.fashion_mnist import CLASSES as FASHION_MNIST_CLASSES  # noqa: E402
 from strategies.fedcorr import stage3_classes  # noqa: E402
 
 COLUMNS = ("fedavg", "fedprox", "fedcorr", "fedlsr", "fednoro", "feddiv", "feddiv_code", "fedes")
@@ -126,6 +128,36 @@ def detection_f1(payload: dict[str, Any] | None, column: str) -> float | None:
 def quality_mse(payload: dict[str, Any] | None) -> float | None:
     """FedES's mean squared error of rho_n against the true quality 1 - noise rate (its Table 4)."""
     return ((payload or {}).get("fedes") or {}).get("quality_mse")
+
+
+def class_recall(payload: dict[str, Any] | None) -> list[float] | None:
+    """Per true class, the share of its test images the final model classes right (from the last
+    evaluation's ``test_confusion``); None for an unfinished run or one without the matrix."""
+    confusion = (payload or {}).get("test_confusion")
+    if not confusion:
+        return None
+    counts = confusion["counts"]
+    return [row[k] / max(sum(row), 1) for k, row in enumerate(counts)]
+
+
+def recall_lines(columns: list[str], payloads: dict[str, list[dict[str, Any] | None]], width: int) -> list[str]:
+    """The final per-class recall (%, mean ± std over each column's finished runs) of a cell, a class
+    per column, and each method's weakest class: where an accuracy's few points are lost."""
+    recalls = {column: [r for r in map(class_recall, payloads[column]) if r is not None] for column in columns}
+    classes = max((len(r[0]) for r in recalls.values() if r), default=0)
+    if not classes:
+        return []
+    fashion = any(p and p["config"]["dataset"]["name"] == "fashion_mnist" for runs in payloads.values() for p in runs)
+    names = [name.split("/")[0] for name in FASHION_MNIST_CLASSES] if fashion else [str(k) for k in range(classes)]
+    lines = [f"{'method':<{width}} " + " ".join(f"{name[:10]:>10}" for name in names) + "  weakest"]
+    for column in columns:
+        if not recalls[column]:
+            continue
+        per_class = [[run[k] for run in recalls[column]] for k in range(classes)]
+        weakest = min(range(classes), key=lambda k: sum(per_class[k]))
+        lines.append(f"{column:<{width}} " + " ".join(f"{spread(values, 100, 0):>10}" for values in per_class)
+                     + f"  {names[weakest]}")
+    return lines
 
 
 def summary(payloads: list[dict[str, Any] | None], key: str) -> str:
@@ -240,6 +272,11 @@ def main() -> None:
         lines = rank_lines(cell, ours)
         if lines:
             print("ranks: each paper's order of the methods it reports (CIFAR-10), and ours of the same methods")
+            print("\n".join(lines))
+        lines = recall_lines(args.columns, {column: [done[(cell, column, seed)] for seed in seeds[cell]]
+                                            for column in args.columns}, width)
+        if lines:
+            print("final recall per class %: the share of each class's test images classed right")
             print("\n".join(lines))
     print_time_saved(ledger)
 

@@ -471,6 +471,31 @@ def test_a_field_row_compares_its_last_10_with_fedavgs_on_the_same_seeds_only():
     assert field_bench.row("feddiv", runs, None, 11).split()[6] == "-", "FedAvg not in the table"
 
 
+def recall_payload(shirts: int, dataset: str = "fashion_mnist") -> dict:
+    """A finished run whose final model classes 90 - k of the 100 test images of class k right (the rest
+    as class k + 1), but ``shirts`` of class 6's."""
+    counts = [[0] * 10 for _ in range(10)]
+    for k in range(10):
+        counts[k][k] = shirts if k == 6 else 90 - k
+        counts[k][(k + 1) % 10] = 100 - counts[k][k]
+    return {"config": {"dataset": {"name": dataset}}, "test_confusion": {"counts": counts}}
+
+
+def test_the_field_prints_each_methods_final_recall_per_class_and_its_weakest_class():
+    payloads = {"fedavg": [recall_payload(60), recall_payload(50), None], "feddiv": [recall_payload(30), None, None],
+                "fedes": [None, None, None]}
+    header, fedavg, feddiv = field_bench.recall_lines(["fedavg", "feddiv", "fedes"], payloads, 11)
+    assert header.split()[1:] == ["T-shirt", "Trouser", "Pullover", "Dress", "Coat", "Sandal", "Shirt", "Sneaker",
+                                  "Bag", "Ankle", "boot", "weakest"]
+    assert fedavg.split() == ["fedavg", "90±0", "89±0", "88±0", "87±0", "86±0", "85±0", "55±7", "83±0", "82±0",
+                              "81±0", "Shirt"], "mean ± std over the finished seeds, class by class"
+    assert feddiv.split() == ["feddiv", "90", "89", "88", "87", "86", "85", "30", "83", "82", "81", "Shirt"]
+    assert field_bench.recall_lines(["fedavg"], {"fedavg": [recall_payload(95)]}, 11)[1].endswith(" 81  Ankle boot")
+    digits = field_bench.recall_lines(["fedavg"], {"fedavg": [recall_payload(95, "digits")]}, 11)
+    assert digits[0].split()[1:] == [*map(str, range(10)), "weakest"] and digits[1].endswith(" 9")
+    assert field_bench.recall_lines(["fedavg"], {"fedavg": [None, {"config": {}}]}, 11) == [], "no matrix: no lines"
+
+
 memorisation = load_bench("memorisation")
 
 
