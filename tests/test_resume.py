@@ -283,7 +283,7 @@ def test_resume_refuses_a_changed_config_naming_the_keys(run_at, tmp_path):
     load_run(compose_config(words("server.round_timeout=30", "simulation.verbose=true")))
 
 
-def test_a_resume_is_refused_when_nodes_keep_their_state_in_memory_only(run_at, tmp_path):
+def test_a_resume_or_extension_is_refused_when_nodes_keep_their_state_in_memory_only(run_at, tmp_path):
     from server.run import check_nodes_keep_state
     from strategies.federation import Federation
 
@@ -298,6 +298,15 @@ def test_a_resume_is_refused_when_nodes_keep_their_state_in_memory_only(run_at, 
         check_nodes_keep_state(plan.settings, strategy, CheckpointStore(tmp_path / "run"))
     strategy.bind(Federation(nodes, dict.fromkeys(nodes, 50)))
     check_nodes_keep_state(plan.settings, strategy, CheckpointStore(tmp_path / "run"))
+    # So is an extension: its nodes read the shorter run's state.
+    run_at("strategy=fedavg comm_budget=20", "short")
+    plan = load_run(compose_config([*SMOKE.split(), "strategy=fedavg", "comm_budget=40",
+                                    f"extend_from={tmp_path / 'short'}", f"out_dir={tmp_path / 'long'}"]))
+    strategy = plan.strategy.build(plan.context())
+    strategy.bind(Federation(nodes, dict.fromkeys(nodes, 50), without_state=frozenset({5})))
+    with pytest.raises(ConfigError, match=r"^extend_from='\S+/short' is invalid: nodes that keep their state on disk; "
+                                          r"the nodes of partitions \[5\] have no state-dir"):
+        check_nodes_keep_state(plan.settings, strategy, CheckpointStore(tmp_path / "long"))
 
 
 def test_resume_true_without_a_checkpoint_starts_from_round_zero(run_at, tmp_path):

@@ -2,8 +2,9 @@
 SuperNodes as separate processes on localhost (deploy/local_federation.sh), the FedCorr smoke run
 through them, and a SuperNode that dies mid-run. Then, on a federation of 10 SuperNodes with state
 directories kept up across runs (local_federation.sh --no-run): a ServerApp killed mid-run and
-resumed with `flwr run ... resume=true`, a SuperNode killed mid-run that comes back, and a SuperLink
-killed mid-run and restarted on its database; each run ends exactly as the same run in simulation.
+resumed with `flwr run ... resume=true`, a SuperNode killed mid-run that comes back, a SuperLink
+killed mid-run and restarted on its database, and a finished run extended to a larger budget
+(`extend_from`); each run ends exactly as the same run in simulation.
 The federation tests check that every process the federation started is gone afterwards."""
 
 from __future__ import annotations
@@ -455,9 +456,11 @@ def _run_key(out: Path) -> str:
     return json.loads((out / "checkpoints" / "run.json").read_text())["lineage"]["run"]
 
 
-def _assert_ends_as_the_reference(federation: LocalFederation, out: Path, reference: Path) -> None:
-    """The deployed run's results are the uninterrupted simulated run's (all but wall time and
-    out_dir), and so are the labels its nodes corrected."""
+def _assert_ends_as_the_reference(federation: LocalFederation, out: Path, reference: Path,
+                                  parent: str = "") -> None:
+    """The deployed run's results are the uninterrupted simulated run's (all but wall time, out_dir
+    and how it started), and so are the labels its nodes corrected (for a run that started from
+    another's checkpoint, the newest in the ``parent`` run's folders or its own)."""
     got, want = _payload(out), _payload(reference)
     assert got["complete"] is True
     assert [{key: row[key] for key in ROUND_KEYS} for row in got["rounds"]] == [
@@ -467,9 +470,11 @@ def _assert_ends_as_the_reference(federation: LocalFederation, out: Path, refere
     assert got["fedcorr"] == want["fedcorr"]
     assert got["test_confusion"] == want["test_confusion"]
     assert (out / "fedcorr_clients.csv").read_text() == (reference / "fedcorr_clients.csv").read_text()
-    assert {k: v for k, v in got["config"].items() if k not in ("out_dir", "resume")} == {
-        k: v for k, v in want["config"].items() if k not in ("out_dir", "resume")}
-    deployed = _final_labels(list((federation.work / "state").glob(f"node_*/run-{_run_key(out)}")))
+    started = ("out_dir", "resume", "extend_from")
+    assert {k: v for k, v in got["config"].items() if k not in started} == {
+        k: v for k, v in want["config"].items() if k not in started}
+    deployed = _final_labels([folder for key in (parent, _run_key(out)) if key
+                              for folder in (federation.work / "state").glob(f"node_*/run-{key}")])
     simulated = _final_labels(list((reference / "client_state").glob(f"run-{_run_key(reference)}")))
     assert sorted(deployed) == sorted(simulated) and deployed, (sorted(deployed), sorted(simulated))
     assert all(np.array_equal(deployed[k], simulated[k]) for k in simulated)
@@ -653,3 +658,52 @@ def test_a_superlink_killed_mid_run_restarts_on_its_database_and_the_run_resumes
     finally:
         first.stop()
     _resume_to_the_end_as_the_reference(federation, out, tmp_path / "second.log", reference)
+
+
+# FedCorr with FedDyn as stage 3, whose nodes keep FedDyn's correction term between rounds: at 19
+# client participations the run is rounds 1-13 (its last one stage 3's first); at 25 it adds 14-15.
+EXTENDABLE = (*(o for o in RESUMABLE if not o.startswith("strategy.t3=")), "strategy.stage3=feddyn")
+SHORT, LONG = 19, 25
+
+
+@pytest.mark.recovery
+@pytest.mark.timeout(4800)
+def test_a_finished_deployed_run_extends_to_a_larger_budget_and_ends_as_the_run_at_that_budget(
+        standing_federation, tmp_path):
+    """`extend_from` on a deployment: a run at the shorter budget finishes; a second submission at the
+    larger budget with extend_from=<its out_dir> runs only the rounds the budget adds, its nodes
+    reading the first run's corrected labels and FedDyn terms from their state-dirs, and ends as the
+    run at the larger budget from round 0 in simulation. The first run's node state stays as it was."""
+    federation, short, out = standing_federation, tmp_path / "short", tmp_path / "out"
+    reference = tmp_path / "reference"
+    simulated = sim(*EXTENDABLE, f"comm_budget={LONG}", f"out_dir={reference}", timeout=900)
+    assert simulated.returncode == 0, simulated.stderr[-3000:]
+    first = Submission(federation, short, tmp_path / "short.log", *EXTENDABLE, f"comm_budget={SHORT}")
+    try:
+        assert first.finish(timeout=3600) == 0, first.output()[-5000:]
+    finally:
+        first.stop()
+    last, parent = _payload(short)["rounds"][-1]["round"], _run_key(short)
+    assert 0 < last < _payload(reference)["rounds"][-1]["round"]
+    before = _state_versions(federation, parent)
+    assert any(record == "feddyn-correction" and r == last for _, record, r, _ in before), before
+
+    extended = Submission(federation, out, tmp_path / "out.log", *EXTENDABLE, f"comm_budget={LONG}",
+                          f"extend_from={short}")
+    try:
+        assert extended.finish(timeout=3600) == 0, extended.output()[-5000:]
+    finally:
+        extended.stop()
+    output = extended.output()
+    assert f"starting after round {last} of {short} (its last round, to comm_budget={LONG})" in output, output[-3000:]
+    assert re.findall(r"\[round +(\d+)/", output)[0] == str(last + 1), output[-3000:]
+    _assert_ends_as_the_reference(federation, out, reference, parent=parent)
+    assert _payload(out)["attempts"]["extended_from"]["run_dir"] == str(short)
+    lineage = json.loads((out / "checkpoints" / "run.json").read_text())["lineage"]
+    assert (lineage["parent"], lineage["parent_round"]) == (parent, last)
+    assert _state_versions(federation, parent) == before
+    own = _state_versions(federation, _run_key(out))
+    assert own and all(r > last and attempt == 1 for _, _, r, attempt in own), own
+    # A node that kept a FedDyn term in the first run's last round trained again with it.
+    kept = {p for p, record, r, _ in before if record == "feddyn-correction" and r == last}
+    assert kept & {p for p, record, _, _ in own if record == "feddyn-correction"}, (before, own)
