@@ -131,7 +131,7 @@ def quality_mse(payload: dict[str, Any] | None) -> float | None:
 
 
 def class_recall(payload: dict[str, Any] | None) -> list[float] | None:
-    """Per true class, the share of its test images the final model classes right (from the last
+    """Per true class, the share of its test images the final model classifies correctly (from the last
     evaluation's ``test_confusion``); None for an unfinished run or one without the matrix."""
     confusion = (payload or {}).get("test_confusion")
     if not confusion:
@@ -276,7 +276,7 @@ def main() -> None:
         lines = recall_lines(args.columns, {column: [done[(cell, column, seed)] for seed in seeds[cell]]
                                             for column in args.columns}, width)
         if lines:
-            print("final recall per class %: the share of each class's test images classed right")
+            print("final recall per class %: the share of each class's test images classified correctly")
             print("\n".join(lines))
     print_time_saved(ledger)
 
