@@ -45,11 +45,12 @@ PLATEAU_WINDOW = 20
 PLATEAU_POINTS = 0.003
 STAGES12_FROM = "strategy.stages12_from"
 EXTEND_FROM = "extend_from"
-# Keys in which a finished run may differ from the planned one and still be its run: ``resume`` only
-# says how it was started, and a run that took its stages 1-2 from another run or extended a shorter one
-# computes what the same run from round 0 computes (check_start and check_extension make sure the two
-# runs agree in everything else).
-REUSE_IGNORES = ("resume", STAGES12_FROM, EXTEND_FROM)
+# Keys in which a finished run may differ from the planned one and still be its run: ``out_dir`` names
+# the folder the run was found in, whatever path it was started with (relative, or through a link, or
+# before the folder moved); ``resume`` only says how it was started; and a run that took its stages 1-2
+# from another run or extended a shorter one computes what the same run from round 0 computes
+# (check_start and check_extension make sure the two runs agree in everything else).
+REUSE_IGNORES = ("out_dir", "resume", STAGES12_FROM, EXTEND_FROM)
 
 
 def finished_results(out_dir: str, config: dict[str, Any]) -> dict[str, Any] | None:

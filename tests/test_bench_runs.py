@@ -62,6 +62,10 @@ def test_reuse_returns_a_finished_run_with_the_same_config_without_running(plann
     write_results(tmp_path / "fedavg", config)
     assert runs.finished(overrides)["summary"] == {"best_acc": 0.5}
     assert runs.run(overrides, reuse=True)["summary"] == {"best_acc": 0.5}
+    # Started under another path to the same folder (relative, through a link, or before it moved).
+    write_results(tmp_path / "fedavg", {**config, "out_dir": "outputs/fedavg"})
+    runs.check_all([overrides], reuse=True)
+    assert runs.finished(overrides)["summary"] == {"best_acc": 0.5}
 
 
 def test_an_unfinished_run_is_not_reused(planned, tmp_path):
