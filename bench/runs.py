@@ -33,7 +33,7 @@ from common.errors import ConfigError  # noqa: E402
 from launch.jobs import Job, Launcher  # noqa: E402
 from reports.tables import mean_std  # noqa: E402
 from server.checkpoints import CheckpointStore  # noqa: E402
-from server.config import BOOKKEEPING_KEYS, load_run  # noqa: E402
+from server.config import BOOKKEEPING_KEYS, RESUME_MAY_CHANGE, load_run  # noqa: E402
 from server.results import read_results  # noqa: E402
 from settings.compose import compose_config  # noqa: E402
 from settings.identity import EXECUTION_KEYS, changed_keys, config_changes  # noqa: E402
@@ -107,7 +107,7 @@ def resume_round(out_dir: str, config: dict[str, Any]) -> int | None:
     such run or it wrote no checkpoint yet (it would start from round 0 anyway)."""
     store = CheckpointStore(out_dir)
     record = store.record()
-    if record is None or config_changes(record.config, config, EXECUTION_KEYS):
+    if record is None or config_changes(record.config, config, RESUME_MAY_CHANGE):
         return None
     files = store.files()
     return files[-1][0] if files else None

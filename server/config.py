@@ -70,14 +70,21 @@ BOOKKEEPING_KEYS = frozenset({"out_dir", "comm_budget", "server.checkpoint_every
 change (``extend_from``): the budget only sizes what comes after that checkpoint."""
 
 
+RESUME_MAY_CHANGE = EXECUTION_KEYS | {"out_dir"}
+"""Keys a resume may change: how the run executes, and ``out_dir``, which may name the run's folder by
+another path than its start did (relative, through a link, or after the folder moved whole): what a
+run computes does not depend on where it is."""
+
+
 def check_resume(settings: RunSettings) -> None:
-    """``resume=true`` continues the run in out_dir only with the config it was started with."""
+    """``resume=true`` continues the run in out_dir only with the config it was started with (but
+    ``RESUME_MAY_CHANGE``)."""
     if not settings.resume:
         return
     record = CheckpointStore(settings.out_dir).record()
     if record is None:
         return
-    changes = config_changes(record.config, settings.resolved, EXECUTION_KEYS)
+    changes = config_changes(record.config, settings.resolved, RESUME_MAY_CHANGE)
     if changes:
         raise InvalidValue("resume", True, f"the run in {settings.out_dir} was started with another config; "
                                            f"resume it unchanged or set resume=false to start over. Differing: "

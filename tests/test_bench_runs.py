@@ -245,10 +245,12 @@ def test_the_resume_flag_is_added_only_for_an_unfinished_run_with_the_same_confi
         leave_unfinished(out, started_with, checkpoints)
         runs.run(overrides, reuse=reuse)
         assert "resume=true" not in simulations[-1], name
-    # What resume=true itself accepts a change in (how the run executes) does not stop the resume.
-    leave_unfinished(out, {**config, "logging": {"tensorboard": True}}, (10,))
-    runs.run(overrides, reuse=True)
-    assert simulations[-1][-1] == "resume=true"
+    # What resume=true itself accepts a change in (how the run executes, and the path to its folder)
+    # does not stop the resume.
+    for started_with in ({**config, "logging": {"tensorboard": True}}, {**config, "out_dir": "outputs/fedavg"}):
+        leave_unfinished(out, started_with, (10,))
+        runs.run(overrides, reuse=True)
+        assert simulations[-1][-1] == "resume=true"
     assert runs.resume_round(str(tmp_path / "nothing"), config) is None
 
 

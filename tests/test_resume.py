@@ -268,6 +268,16 @@ def test_extend_from_is_refused_in_one_line_unless_it_names_a_finished_shorter_r
     assert not (tmp_path / "x").exists()
 
 
+def test_a_killed_run_whose_folder_moved_resumes_there_to_the_uninterrupted_result(run_at, tmp_path):
+    overrides = RUNS["feddyn"]  # its nodes' state is in the folder too
+    reference, _ = run_at(overrides, "reference")
+    assert run_at(overrides, "started", kill_at=18)[0] is None  # in round 3, after the checkpoint of round 2
+    shutil.move(tmp_path / "started", tmp_path / "moved")
+    resumed, _ = run_at(f"{overrides} resume=true", "moved")
+    assert_same_run(resumed, reference, tmp_path, ("moved", "reference"))
+    assert resumed["attempts"]["resumed_at"] == [2] and not (tmp_path / "started").exists()
+
+
 def test_resume_refuses_a_changed_config_naming_the_keys(run_at, tmp_path):
     run_at(RUNS["fedavg"], "run", kill_at=15)
     # The killed run's folder reads back with the rounds it finished (report.py reads runs in progress).
