@@ -478,8 +478,8 @@ def test_a_field_row_compares_its_last_10_with_fedavgs_on_the_same_seeds_only():
 
 
 def recall_payload(shirts: int, dataset: str = "fashion_mnist") -> dict:
-    """A finished run whose final model classes 90 - k of the 100 test images of class k right (the rest
-    as class k + 1), but ``shirts`` of class 6's."""
+    """A finished run whose final model classifies 90 - k of the 100 test images of class k correctly
+    (the rest as class k + 1), but ``shirts`` of class 6's."""
     counts = [[0] * 10 for _ in range(10)]
     for k in range(10):
         counts[k][k] = shirts if k == 6 else 90 - k
