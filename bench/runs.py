@@ -45,17 +45,16 @@ PLATEAU_WINDOW = 20
 PLATEAU_POINTS = 0.003
 STAGES12_FROM = "strategy.stages12_from"
 EXTEND_FROM = "extend_from"
-# Keys in which a finished run may differ from the planned one and still be its run: ``out_dir`` names
-# the folder the run was found in, whatever path it was started with (relative, or through a link, or
-# before the folder moved); ``resume`` only says how it was started; and a run that took its stages 1-2
-# from another run or extended a shorter one computes what the same run from round 0 computes
-# (check_start and check_extension make sure the two runs agree in everything else).
-REUSE_IGNORES = ("out_dir", "resume", STAGES12_FROM, EXTEND_FROM)
+# Keys in which a finished run may differ from the planned one and still be its run: what a resume may
+# change (how it executed, and the path it named its folder by), and how it began: a run that took its
+# stages 1-2 from another run or extended a shorter one computes what the same run from round 0
+# computes (check_start and check_extension make sure the two runs agree in everything else).
+REUSE_IGNORES = RESUME_MAY_CHANGE | {STAGES12_FROM, EXTEND_FROM}
 
 
 def finished_results(out_dir: str, config: dict[str, Any]) -> dict[str, Any] | None:
-    """The results in ``out_dir`` if that run completed with ``config`` (but ``REUSE_IGNORES`` and how it
-    executed, ``EXECUTION_KEYS``: its Ray, where it ran); else None.
+    """The results in ``out_dir`` if that run completed with ``config`` (but ``REUSE_IGNORES``: how it
+    executed, where it ran, how it began); else None.
 
     A completed run there with a different config is an error rather than a rerun: rerunning would
     overwrite hours of finished work because, say, a default changed since. The message names the
@@ -66,8 +65,7 @@ def finished_results(out_dir: str, config: dict[str, Any]) -> dict[str, Any] | N
     payload = json.loads(path.read_text())
     if not payload.get("complete"):
         return None
-    changes = [key for key in changed_keys(payload.get("config") or {}, config, EXECUTION_KEYS)
-               if key not in REUSE_IGNORES]
+    changes = changed_keys(payload.get("config") or {}, config, REUSE_IGNORES)
     if changes:
         changed = ", ".join(changes[:8])
         raise ConfigError(f"{path} holds a finished run with another config (differs in: {changed}); "
