@@ -16,18 +16,20 @@ from client.label_state import current_labels
 from client.node import LocalNode, load_node, sends_ground_truth, simulated_federation_size
 from client.plugins.base import QueryHandler
 from client.plugins.registry import plugin, plugins
-from client.state_store import enter, state_root
+from client.state_store import answered_round, enter, mark_answered, state_root
 from client.update import cpu_state
-from protocol.messages import SERVER, NodeInfo, TrainIns, read_arrays, read_instruction, reply
+from protocol.messages import SERVER, HeldState, NodeInfo, TrainIns, read_arrays, read_instruction, reply
 from task.evaluation import evaluate as evaluate_model
 
 app = ClientApp()
 
 
 def node_for(message: Message, context: Context) -> LocalNode:
-    """The node's view of the run, with the instruction's state scope entered (``client.state_store``)."""
+    """The node's view of the run, with the instruction's state scope entered (``client.state_store``)
+    and the round recorded as one the node answered in."""
     node = load_node(context)
     enter(context, message.content, node.settings.out_dir)
+    mark_answered(context, node.partition_id)
     return node
 
 
@@ -40,6 +42,15 @@ def info(message: Message, context: Context) -> Message:
     keeps_state = int(state_root(context, node.settings.out_dir) is not None)
     info = NodeInfo(node.partition_id, len(node.data), keeps_state, simulated_federation_size(context))
     return Message(reply(info), reply_to=message)
+
+
+@app.query("held")
+def held(message: Message, context: Context) -> Message:
+    """Before a run continues from a checkpoint: the last round, up to that checkpoint, this node's
+    state says it answered in (the server refuses to go on when a node lost state it had)."""
+    node = load_node(context)
+    enter(context, message.content, node.settings.out_dir)
+    return Message(reply(HeldState(answered_round(context, node.partition_id))), reply_to=message)
 
 
 @app.train()

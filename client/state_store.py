@@ -37,6 +37,9 @@ from protocol.messages import StateScope, read_scope
 from protocol.node_state import SIMULATION_STATE_DIR, run_folder
 
 STATE_DIR_KEY = "state-dir"
+ANSWERED_KEY = "answered"
+"""The record of the last round the node handled an instruction in: what ``query.held`` reads back, so
+the server can tell a node that kept its state from one whose state folder lost it."""
 _ENTERED = "state-scope"
 """``context.state`` record: the scope (and state folder) of the instruction being handled."""
 _ROOT = "root"
@@ -170,6 +173,22 @@ def prune(folder: Path, scope: StateScope) -> None:
     for version in stored:
         if version.path not in needed:
             version.path.unlink(missing_ok=True)
+
+
+def mark_answered(context: Context, partition_id: int) -> None:
+    """Record that the node handles an instruction of the current scope's round (nothing without a
+    scope: such a node keeps no state a later attempt could miss)."""
+    entered = _entered(context)
+    if entered is not None:
+        save_record(context, ANSWERED_KEY, partition_id,
+                    ArrayRecord({"round": Array(np.array([entered[1].round], dtype=np.int64))}))
+
+
+def answered_round(context: Context, partition_id: int) -> int:
+    """The last round the entered scope sees the node answer in (this run's versions it admits, else
+    the parent's up to its checkpoint); 0 when it sees none."""
+    record = load_record(context, ANSWERED_KEY, partition_id) if _entered(context) is not None else None
+    return 0 if record is None else int(record["round"].numpy()[0])
 
 
 def load_parameter_arrays(context: Context, key: str, partition_id: int,

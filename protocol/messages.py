@@ -19,6 +19,7 @@ message type        instruction                           reply
 ``train``           arrays + ``TrainIns`` [+ plug-in's]   arrays + ``TrainStats`` [+ plug-in's extra]
 ``evaluate``        arrays                                ``Scores`` (on the node's current labels)
 ``query.loss``      arrays                                ``Scores`` (PoC's candidates; FedCorr's disagreement)
+``query.held``      (scope only)                          ``HeldState`` (a run that continues a checkpoint)
 ==================  ====================================  ==========================================
 """
 
@@ -41,8 +42,8 @@ if TYPE_CHECKING:
 T = TypeVar("T", bound="DataclassInstance")
 
 __all__ = [
-    "ARRAYS", "CONFIG", "EVALUATE", "INFO", "LOSS", "METRICS", "SCOPE", "SERVER", "TRAIN",
-    "NodeInfo", "Scores", "StateScope", "TrainIns", "TrainStats",
+    "ARRAYS", "CONFIG", "EVALUATE", "HELD", "INFO", "LOSS", "METRICS", "SCOPE", "SERVER", "TRAIN",
+    "HeldState", "NodeInfo", "Scores", "StateScope", "TrainIns", "TrainStats",
     "instruction", "read_arrays", "read_extra", "read_instruction", "read_plugin_ins", "read_plugin_arrays",
     "read_reply", "read_scope", "reply", "with_scope",
 ]
@@ -51,6 +52,7 @@ INFO = f"{MessageType.QUERY}.info"
 TRAIN = MessageType.TRAIN
 EVALUATE = MessageType.EVALUATE
 LOSS = f"{MessageType.QUERY}.loss"
+HELD = f"{MessageType.QUERY}.held"
 
 ARRAYS = "arrays"
 CONFIG = "config"
@@ -72,6 +74,16 @@ class NodeInfo:
     num_examples: int
     keeps_state: int
     num_partitions: int = 0
+
+
+@dataclass(frozen=True)
+class HeldState:
+    """Reply to ``query.held``, asked of every node before a run continues from a checkpoint: the
+    last round the node answered an instruction of that run (or of the run it continues) in, as far
+    as the state it keeps for the instruction's scope says; 0 when it keeps none (a state folder
+    emptied, moved, or another than the one it ran with)."""
+
+    answered: int
 
 
 @dataclass(frozen=True)

@@ -23,7 +23,19 @@ from protocol.fedcorr import Diagnostics as CorrectDiagnostics
 from protocol.feddiv import Diagnostics as FedDivDiagnostics
 from protocol.feddiv import FedDivRes
 from protocol.fednoro import CLASS_LOSS, ClassLossRes
-from protocol.messages import ARRAYS, EVALUATE, INFO, LOSS, METRICS, TRAIN, NodeInfo, Scores, TrainStats
+from protocol.messages import (
+    ARRAYS,
+    EVALUATE,
+    HELD,
+    INFO,
+    LOSS,
+    METRICS,
+    TRAIN,
+    HeldState,
+    NodeInfo,
+    Scores,
+    TrainStats,
+)
 from protocol.messages import plugin_arrays_key as plugin_arrays
 
 EVERY = "*"
@@ -85,6 +97,9 @@ def _declared() -> tuple[ReplyField, ...]:
         *_payload(INFO, METRICS, NodeInfo, (EVERY,), "once per run (discovery)",
                   sizes={"keeps-state": "int (0 or 1)",
                          "num-partitions": "int (a simulation's node count; 0 deployed)"}),
+        *_payload(HELD, METRICS, HeldState, (EVERY,),
+                  "once per attempt that continues a checkpoint (resume, extend_from, stages12_from)",
+                  sizes={"answered": "int (a round number)"}),
         ReplyField(TRAIN, ARRAYS, TENSORS, "the trained model's state: P numbers (2P: Co-teaching's two networks)",
                    (EVERY,)),
         *_payload(TRAIN, METRICS, TrainStats, (EVERY,)),

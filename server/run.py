@@ -32,6 +32,7 @@ from server.checkpoints import (
 from server.config import RunPlan
 from server.discovery import discover
 from server.evaluation import CentralEvaluator
+from server.held import check_nodes_hold_state
 from server.live_curves import LiveCurves, open_live_curves
 from server.progress import Progress, header
 from server.provenance import provenance
@@ -180,24 +181,31 @@ def starting_point(settings: RunSettings, strategy: FederatedStrategy, store: Ch
     return Start(checkpoint.lineage.child(checkpoint_round), checkpoint, how)
 
 
-def check_nodes_keep_state(settings: RunSettings, strategy: FederatedStrategy, store: CheckpointStore) -> None:
+Continuation = tuple[str, bool | str]
+"""The key and value by which a run continues from a checkpoint."""
+
+
+def continuation(settings: RunSettings, strategy: FederatedStrategy, store: CheckpointStore) -> Continuation | None:
+    """The key and value by which the run continues from a checkpoint (its own: ``resume``; another
+    run's: ``extend_from`` or ``strategy.stages12_from``); None for a run from round 0."""
+    source = strategy.settings.starts_from(settings.num_clients)
+    if settings.resume and store.latest() is not None:
+        return "resume", True
+    if settings.extend_from is not None:
+        return "extend_from", settings.extend_from
+    if source is not None:
+        return "strategy.stages12_from", source[0]
+    return None
+
+
+def check_nodes_keep_state(strategy: FederatedStrategy, continued: Continuation | None) -> None:
     """A run that continues from a checkpoint needs every node's state as it was there: refuse when
     some nodes keep theirs in memory only (deployed without ``state-dir``), since they would start
     over from their own labels and the run would go on silently on the wrong state."""
     missing = sorted(strategy.federation.without_state)
-    source = strategy.settings.starts_from(settings.num_clients)
-    if not missing:
+    if not missing or continued is None:
         return
-    value: bool | str
-    if settings.resume and store.latest() is not None:
-        key, value = "resume", True
-    elif settings.extend_from is not None:
-        key, value = "extend_from", settings.extend_from
-    elif source is not None:
-        key, value = "strategy.stages12_from", source[0]
-    else:
-        return
-    raise InvalidValue(key, value, f"nodes that keep their state on disk; the nodes of partitions {missing[:10]}"
+    raise InvalidValue(*continued, f"nodes that keep their state on disk; the nodes of partitions {missing[:10]}"
                                    f"{' ...' if len(missing) > 10 else ''} have no state-dir, so they would start "
                                    "over from their own labels (start them with --state-dir, or start the run over)")
 
@@ -247,8 +255,12 @@ def run_server(grid: Grid, plan: RunPlan, command: str | None = None, overrides:
     strategy.bind(discover(grid, settings.num_clients, settings.server.node_wait_timeout,
                            settings.server.round_timeout))
     store = CheckpointStore(settings.out_dir, settings.server.keep_checkpoints)
-    check_nodes_keep_state(settings, strategy, store)
+    continued = continuation(settings, strategy, store)
+    check_nodes_keep_state(strategy, continued)
     start = starting_point(settings, strategy, store)
+    if continued is not None and start.checkpoint is not None:
+        check_nodes_hold_state(grid, strategy.federation, start.lineage.scope(start.checkpoint.round, store.rounds()),
+                               start.checkpoint.log.get("answered", {}), *continued, settings.server.round_timeout)
     arrays = ArrayRecord(model.state_dict())
     checkpoint = start.checkpoint
     results = ResultsWriter(settings.out_dir, settings.resolved, None if checkpoint is None else checkpoint.results,

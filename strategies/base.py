@@ -59,6 +59,8 @@ class RunLog:
         the run's key and checkpoints); None: instructions carry no scope and nodes keep their state
         in memory.
     completed: the last finished round (0 before the first); current: the round in progress.
+    answered: each partition's last round with a good reply to an instruction; a run that continues
+        from a checkpoint asks every node whether its state still says as much (``server.held``).
     """
 
     def __init__(self) -> None:
@@ -69,6 +71,7 @@ class RunLog:
         self.result = Result()
         self.completed = 0
         self.current = 0
+        self.answered: dict[int, int] = {}
 
     @property
     def comm_cost(self) -> int:
@@ -87,7 +90,7 @@ class RunLog:
 
     def state(self) -> dict[str, Any]:
         """What a checkpoint keeps of the log: the rounds, their metrics and the last finished round."""
-        return {"rounds": list(self.rounds), "completed": self.completed,
+        return {"rounds": list(self.rounds), "completed": self.completed, "answered": dict(self.answered),
                 "train_metrics": dict(self.result.train_metrics_clientapp),
                 "evaluate_metrics": dict(self.result.evaluate_metrics_serverapp)}
 
@@ -95,6 +98,8 @@ class RunLog:
         """Continue from a checkpoint's ``state()``."""
         self.rounds = list(state["rounds"])
         self.completed = self.current = int(state["completed"])
+        # A checkpoint written before nodes recorded their rounds holds none, and nothing is checked.
+        self.answered = dict(state.get("answered", {}))
         self.result.train_metrics_clientapp.update(state["train_metrics"])
         self.result.evaluate_metrics_serverapp.update(state["evaluate_metrics"])
 
@@ -315,6 +320,8 @@ class FederatedStrategy(Strategy):
                 good[pid] = read(reply.content, f"client {pid}")
             except ProtocolError as err:
                 failed[pid] = str(err)
+                continue
+            self.log.answered[pid] = self.log.current
         for pid in self._sent:
             if pid not in good and pid not in failed:
                 failed[pid] = f"client {pid} did not reply in time"

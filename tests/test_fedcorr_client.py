@@ -199,14 +199,15 @@ def test_corrected_labels_survive_a_restarted_supernode_with_a_state_dir(run, in
     assert "fedcorr-labels" not in first.state.array_records, "on disk, not in context.state"
     corrected = current_labels(first, client_node.load_node(first))
     assert not np.array_equal(corrected, own_labels)
-    saved = list(tmp_path.rglob("*.npz"))
-    assert [p.relative_to(tmp_path).as_posix() for p in saved] == ["run-r1/partition-2/fedcorr-labels/r0000001-a1.npz"]
+    saved = sorted(tmp_path.rglob("*.npz"))
+    assert [p.relative_to(tmp_path).as_posix() for p in saved] == [
+        "run-r1/partition-2/answered/r0000001-a1.npz", "run-r1/partition-2/fedcorr-labels/r0000001-a1.npz"]
     # A restarted node (fresh context.state) reads them back in the run's next round.
     assert np.array_equal(labels_in(incoming, node_context(), StateScope(run="r1", round=2)), corrected)
     # Another run on the same node starts from the node's own labels, not this run's corrections.
     assert np.array_equal(labels_in(incoming, node_context(), StateScope(run="r2", round=1)), own_labels)
     # A torn or foreign file is a clear error, not silently wrong labels.
-    saved[0].write_bytes(b"not a zip")
+    saved[1].write_bytes(b"not a zip")
     with pytest.raises(RuntimeError, match="saved state .* is unreadable"):
         labels_in(incoming, node_context(), StateScope(run="r1", round=2))
 

@@ -68,8 +68,8 @@ def test_client_plugins_are_found_and_their_queries_registered_with_flower():
         if name:  # a plug-in's messages live in its protocol module
             assert importlib.import_module(f"protocol.{name}").PLUGIN == name
     queries = {f"query.{action}" for instance in found.values() for action in instance.queries()}
-    assert set(client_app._registered_funcs) == {"query.info", "query.loss", "train.default", "evaluate.default",
-                                                 *queries}
+    assert set(client_app._registered_funcs) == {"query.info", "query.held", "query.loss", "train.default",
+                                                 "evaluate.default", *queries}
     with pytest.raises(ValueError, match="client plug-in 'fedmagic'; this node knows ''"):
         plugin("fedmagic")
 

@@ -18,7 +18,7 @@ from client.node import DIAGNOSTICS_KEY, sends_ground_truth
 from common.errors import InvalidValue
 from common.run_files import CONFUSION
 from protocol.fedcorr import CorrectIns, CorrectRes
-from protocol.messages import EVALUATE, LOSS, instruction, read_reply
+from protocol.messages import EVALUATE, HELD, LOSS, StateScope, instruction, read_reply, with_scope
 from protocol.reply_fields import EVERY, REPLY_FIELDS, TENSORS, markdown_table
 from strategies.detection import missing_diagnostics
 from strategies.registry import strategy_classes
@@ -52,6 +52,8 @@ RUNS: dict[str, tuple[str, set[str]]] = {
                              "strategy.client_score=disagreement", {"loss-share"}),
 }
 Sent = set[tuple[str, str, str]]
+# Message kinds no run above asks for, answered by the test that checks the table has no stale row.
+ANSWERED_HERE = (EVALUATE, HELD)
 
 
 def sent_fields(content: RecordDict, message_type: str) -> Sent:
@@ -107,7 +109,7 @@ def test_each_strategys_replies_carry_exactly_the_declared_fields(run_inprocess,
     exchanges: list[tuple[Message, Message]] = []
     payload, _ = run_inprocess(f"{SMOKE} {overrides}", client_app=recording(sent, exchanges))
     expected = {field for field in declared(strategy)
-                if field[2] not in left_out and field[0] not in left_out and field[0] != EVALUATE}
+                if field[2] not in left_out and field[0] not in left_out and field[0] not in ANSWERED_HERE}
     assert by_kind(sent) == by_kind(expected)
     if strategy == "fedcorr":  # results.json counts the score's queries (T1 = 1: one per client), apart from comm_cost
         queries = sum(message.metadata.message_type == LOSS for message, _ in exchanges)
@@ -115,16 +117,20 @@ def test_each_strategys_replies_carry_exactly_the_declared_fields(run_inprocess,
 
 
 def test_every_declared_field_is_sent_by_some_run_or_answered_here(incoming, node_context, prepared_run):
-    """No stale row: the ``evaluate`` reply (which no strategy asks for) carries what the table says,
-    and the runs above together send every other declared field."""
+    """No stale row: the ``evaluate`` reply (which no strategy asks for) and the ``query.held`` reply (asked
+    only when a run continues a checkpoint: tests/test_resume.py) carry what the table says, and the runs
+    above together send every other declared field."""
     overrides, _, arrays = prepared_run("experiment=smoke")
-    reply = client_app.evaluate(incoming(instruction(arrays=arrays), EVALUATE), node_context(overrides, 0))
-    assert sent_fields(reply.content, EVALUATE) == {(f.message, f.record, f.key) for f in REPLY_FIELDS
-                                                    if f.message == EVALUATE}
+    context = node_context(overrides, 0)
+    replies = {EVALUATE: client_app.evaluate(incoming(instruction(arrays=arrays), EVALUATE), context),
+               HELD: client_app.held(incoming(with_scope(instruction(), StateScope("run", 3, (3,))), HELD), context)}
+    for kind, reply in replies.items():
+        assert sent_fields(reply.content, kind) == {(f.message, f.record, f.key) for f in REPLY_FIELDS
+                                                    if f.message == kind}
     senders = {name for f in REPLY_FIELDS for name in f.senders} - {EVERY}
     assert senders <= set(strategy_classes()), "a row names a strategy that does not exist"
     for f in REPLY_FIELDS:
-        if f.message != EVALUATE:
+        if f.message not in ANSWERED_HERE:
             covering = [run for run, (_, left_out) in RUNS.items()
                         if f.key not in left_out and (EVERY in f.senders or run.split("-")[0] in f.senders)]
             assert covering, f"no run sends {f}"

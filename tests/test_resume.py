@@ -163,8 +163,9 @@ def test_a_fresh_run_leaves_no_array_file_of_an_earlier_run_in_its_folder(run_at
 def test_a_second_kill_after_a_resume_still_resumes_identically(run_at, tmp_path):
     overrides = RUNS["feddyn"]
     reference, whole = run_at(overrides, "reference")
-    # Killed in round 3 (checkpoint of round 2), resumed, killed again in round 5 (checkpoint of round 4).
-    for kill_at, again in ((18, ""), (17, " resume=true")):
+    # Killed in round 3 (checkpoint of round 2), resumed, killed again in round 5 (checkpoint of round 4):
+    # the resumed attempt sends 10 discovery and 10 held queries before its rounds.
+    for kill_at, again in ((18, ""), (27, " resume=true")):
         assert run_at(overrides + again, "resumed", kill_at=kill_at)[0] is None
     resumed, _ = run_at(f"{overrides} resume=true", "resumed")
     assert_same_run(resumed, reference, tmp_path, ("resumed", "reference"))
@@ -294,7 +295,7 @@ def test_resume_refuses_a_changed_config_naming_the_keys(run_at, tmp_path):
 
 
 def test_a_resume_or_extension_is_refused_when_nodes_keep_their_state_in_memory_only(run_at, tmp_path):
-    from server.run import check_nodes_keep_state
+    from server.run import check_nodes_keep_state, continuation
     from strategies.federation import Federation
 
     run_at(RUNS["fedavg"], "run", kill_at=20)  # after the checkpoint of round 2
@@ -305,9 +306,9 @@ def test_a_resume_or_extension_is_refused_when_nodes_keep_their_state_in_memory_
     strategy.bind(Federation(nodes, dict.fromkeys(nodes, 50), without_state=frozenset({3, 7})))
     with pytest.raises(ConfigError, match=r"resume=True is invalid: nodes that keep their state on disk; the "
                                           r"nodes of partitions \[3, 7\] have no state-dir"):
-        check_nodes_keep_state(plan.settings, strategy, CheckpointStore(tmp_path / "run"))
+        check_nodes_keep_state(strategy, continuation(plan.settings, strategy, CheckpointStore(tmp_path / "run")))
     strategy.bind(Federation(nodes, dict.fromkeys(nodes, 50)))
-    check_nodes_keep_state(plan.settings, strategy, CheckpointStore(tmp_path / "run"))
+    check_nodes_keep_state(strategy, continuation(plan.settings, strategy, CheckpointStore(tmp_path / "run")))
     # So is an extension: its nodes read the shorter run's state.
     run_at("strategy=fedavg comm_budget=20", "short")
     plan = load_run(compose_config([*SMOKE.split(), "strategy=fedavg", "comm_budget=40",
@@ -316,7 +317,51 @@ def test_a_resume_or_extension_is_refused_when_nodes_keep_their_state_in_memory_
     strategy.bind(Federation(nodes, dict.fromkeys(nodes, 50), without_state=frozenset({5})))
     with pytest.raises(ConfigError, match=r"^extend_from='\S+/short' is invalid: nodes that keep their state on disk; "
                                           r"the nodes of partitions \[5\] have no state-dir"):
-        check_nodes_keep_state(plan.settings, strategy, CheckpointStore(tmp_path / "long"))
+        check_nodes_keep_state(strategy, continuation(plan.settings, strategy, CheckpointStore(tmp_path / "long")))
+
+
+def lose_state(folder: Path, partition: int, after: int = 0) -> None:
+    """Remove one simulated node's state versions written after round ``after``, of every run under
+    ``folder`` (0: all of them, an emptied state-dir)."""
+    for version in (folder / "client_state").glob(f"run-*/partition-{partition}/*/r*.npz"):
+        if int(version.name[1:8]) > after:
+            version.unlink()
+
+
+def test_a_continued_run_is_refused_before_any_work_when_a_node_lost_the_state_it_had(run_at, tmp_path):
+    overrides = RUNS["feddyn"]  # 3 of 10 clients a round, each keeping its correction term
+    assert run_at(overrides, "run", kill_at=23)[0] is None  # in round 5, after the checkpoint of round 4
+    checkpoint = read_checkpoint(CheckpointStore(tmp_path / "run").at(4))
+    rounds = checkpoint.results["rounds"]
+    answered = checkpoint.log["answered"]
+    assert answered == {pid: row["round"] for row in rounds for pid in row["clients"]}, "each client's last round"
+
+    def refused(folder: str, words: str, key: str) -> str:
+        with pytest.raises(ConfigError) as err:
+            run_at(words, folder)
+        message = str(err.value)
+        assert message.startswith(f"{key} is invalid: nodes that hold their state as it was at the checkpoint; "
+                                  "the nodes of partitions ") and "\n" not in message
+        return message
+
+    lost = min(answered)
+    lose_state(tmp_path / "run", min(set(range(10)) - set(answered)))  # it had none: not refused for
+    lose_state(tmp_path / "run", lost)
+    assert f"partitions {lost} (answered in round {answered[lost]}, keeps state up to round 0) do not" in refused(
+        "run", f"{overrides} resume=true", "resume=True")
+    assert CheckpointStore(tmp_path / "run").rounds() == (2, 4), "nothing ran"
+    # Older state than the checkpoint records is lost state too: a client of rounds 2 and 4 without round 4's.
+    older = min(pid for pid in rounds[1]["clients"] if answered[pid] == 4 and pid not in rounds[2]["clients"])
+    lose_state(tmp_path / "run", older, after=2)
+    assert f"{older} (answered in round 4, keeps state up to round 2)" in refused(
+        "run", f"{overrides} resume=true", "resume=True")
+    # So is a run that extends another whose nodes lost theirs.
+    run_at("strategy=feddyn comm_budget=9", "short")
+    short = read_checkpoint(CheckpointStore(tmp_path / "short").at(3)).log["answered"]
+    lose_state(tmp_path / "short", max(short))
+    extension = f"strategy=feddyn comm_budget=15 extend_from={tmp_path / 'short'}"
+    assert f"partitions {max(short)} (answered in round {short[max(short)]}, keeps state up to round 0)" in refused(
+        "long", extension, f"extend_from='{tmp_path / 'short'}'")
 
 
 def test_resume_true_without_a_checkpoint_starts_from_round_zero(run_at, tmp_path):

@@ -186,6 +186,7 @@ def test_skip_policy_drops_failed_and_silent_clients(caplog):
     assert np.allclose(arrays["w"].numpy(), 1.0)
     assert strategy.history[-1].clients == [1]
     assert "client 0 did not reply in time" in caplog.text and "client 2 failed: boom" in caplog.text
+    assert list(strategy.log.answered) == [1], "only a good reply counts as answered (server.held)"
 
 
 def test_skip_policy_still_fails_when_nobody_is_left():
@@ -260,6 +261,7 @@ def test_skip_policy_drops_a_malformed_reply_with_a_warning(caplog):
     arrays, _ = strategy.aggregate_train(1, [train_reply(1, np.ones(2), 0, 5, 0.1), bad])
     assert np.allclose(arrays["w"].numpy(), 1.0) and strategy.history[-1].clients == [1]
     assert "client 3 sent a bad message: key 'steps' holds 1.5 of type float: expected int; skipped" in caplog.text
+    assert list(strategy.log.answered) == [1]
 
 
 def test_short_reason_keeps_the_exception_line_of_a_ray_traceback():

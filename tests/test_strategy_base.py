@@ -248,12 +248,15 @@ def test_run_log_state_holds_its_rounds_and_metrics_and_restores_them():
     for info in rounds:
         log.record(info, arrays(float(info.round)))
     log.completed = 2
+    log.answered = {0: 1, 1: 2}
     log.result.evaluate_metrics_serverapp[2] = MetricRecord({"accuracy": 0.5})
     state = log.state()
-    assert state == {"rounds": rounds, "completed": 2, "train_metrics": {1: MetricRecord({"train-loss": 0.5})},
+    assert state == {"rounds": rounds, "completed": 2, "answered": {0: 1, 1: 2},
+                     "train_metrics": {1: MetricRecord({"train-loss": 0.5})},
                      "evaluate_metrics": {2: MetricRecord({"accuracy": 0.5})}}
     again = RunLog()
     again.restore(state)
     assert again.rounds == rounds and (again.completed, again.current, again.comm_cost) == (2, 2, 2)
+    assert again.answered == {0: 1, 1: 2}
     assert again.result.train_metrics_clientapp == {1: MetricRecord({"train-loss": 0.5})}
     assert again.result.evaluate_metrics_serverapp == {2: MetricRecord({"accuracy": 0.5})}

@@ -675,7 +675,9 @@ def test_a_finished_deployed_run_extends_to_a_larger_budget_and_ends_as_the_run_
     """`extend_from` on a deployment: a run at the shorter budget finishes; a second submission at the
     larger budget with extend_from=<its out_dir> runs only the rounds the budget adds, its nodes
     reading the first run's corrected labels and FedDyn terms from their state-dirs, and ends as the
-    run at the larger budget from round 0 in simulation. The first run's node state stays as it was."""
+    run at the larger budget from round 0 in simulation. The first run's node state stays as it was.
+    Before that, with one node's state of the first run moved away, the same submission is refused
+    before its first round, naming that node's partition."""
     federation, short, out = standing_federation, tmp_path / "short", tmp_path / "out"
     reference = tmp_path / "reference"
     simulated = sim(*EXTENDABLE, f"comm_budget={LONG}", f"out_dir={reference}", timeout=900)
@@ -689,6 +691,23 @@ def test_a_finished_deployed_run_extends_to_a_larger_budget_and_ends_as_the_run_
     assert 0 < last < _payload(reference)["rounds"][-1]["round"]
     before = _state_versions(federation, parent)
     assert any(record == "feddyn-correction" and r == last for _, record, r, _ in before), before
+
+    # A node whose state-dir lost the first run's state is found before any work, and the run refused.
+    lost = max(p for p, record, r, _ in before if record == "answered" and r == last)
+    (held,) = (federation.work / "state").glob(f"node_*/run-{parent}/partition-{lost}")
+    hidden = tmp_path / "hidden"
+    held.rename(hidden)
+    refused = Submission(federation, tmp_path / "refused", tmp_path / "refused.log", *EXTENDABLE,
+                         f"comm_budget={LONG}", f"extend_from={short}")
+    try:
+        assert refused.finish(timeout=1200) == 1, refused.output()[-5000:]
+    finally:
+        refused.stop()
+        hidden.rename(held)
+    said = refused.output()
+    assert (f"is invalid: nodes that hold their state as it was at the checkpoint; the nodes of partitions {lost} "
+            f"(answered in round {last}, keeps state up to round 0) do not") in said, said[-3000:]
+    assert "[round" not in said
 
     extended = Submission(federation, out, tmp_path / "out.log", *EXTENDABLE, f"comm_budget={LONG}",
                           f"extend_from={short}")
