@@ -63,7 +63,7 @@ def check_nodes_hold_state(grid: Grid, federation: Federation, scope: StateScope
     held, problems = held_rounds(grid, federation, scope, timeout)
     if problems:
         raise RuntimeError("; ".join(problems))
-    lost = sorted(pid for pid, last in expected.items() if last > 0 and held.get(pid, 0) < last)
+    lost = sorted(pid for pid, last in expected.items() if last > 0 and held[pid] < last)
     if not lost:
         return
     shown = ", ".join(f"{pid} (answered in round {expected[pid]}, keeps state up to round {held[pid]})"
