@@ -89,7 +89,8 @@ class RunLog:
             self.result.evaluate_metrics_serverapp[info.round] = scores
 
     def state(self) -> dict[str, Any]:
-        """What a checkpoint keeps of the log: the rounds, their metrics and the last finished round."""
+        """What a checkpoint keeps of the log: the rounds, their metrics, the last finished round and
+        each partition's last answered round."""
         return {"rounds": list(self.rounds), "completed": self.completed, "answered": dict(self.answered),
                 "train_metrics": dict(self.result.train_metrics_clientapp),
                 "evaluate_metrics": dict(self.result.evaluate_metrics_serverapp)}
