@@ -21,8 +21,10 @@ method's detection F1 against the ground truth (FedES: its quality estimate's MS
 of its planned runs have finished, how far it fell from its best by the end (best - last-10) and its
 last-10 minus FedAvg's on the same seed (when FedAvg is a column), then
 the papers' CIFAR-10 numbers for the same kind of cell, and per paper its order of the methods it
-reports beside ours of the same methods (by best and by last-10 accuracy), and each method's final
-recall per class with its weakest class (from the final confusion matrix). ``--budget`` sets the
+reports beside ours of the same methods (by best and by last-10 accuracy), at a budget over 600 the
+course of each method (its mean test accuracy over the last 100 participations before 600, 1,000, ...
+participations and the budget), and each method's final recall per class with its weakest class (from
+the final confusion matrix). ``--budget`` sets the
 cost; 600 is the table of docs/results.md, a longer one is the papers' regime where FedAvg memorises. Runs:
 outputs/bench-field/<experiment>-budget<B>/<cell>/seed<seed>/<column>/ (``--outputs``: another folder
 than outputs/).
@@ -160,6 +162,37 @@ def recall_lines(columns: list[str], payloads: dict[str, list[dict[str, Any] | N
     return lines
 
 
+# Where the course of a longer run is read: the 600 table's budget, then every 500 participations.
+COURSE_POINTS = (600, 1000, 1500, 2000, 2500, 3000)
+# Each point's figure is the mean over the last this many participations before it (10 rounds of 10).
+COURSE_WINDOW = 100
+
+
+def window_mean(payload: dict[str, Any] | None, point: int, window: int = COURSE_WINDOW) -> float | None:
+    """Mean test accuracy of a run's evaluated rounds whose communication cost is in (point - window,
+    point]; None for an unfinished run or one with no evaluation there."""
+    accuracies = [row["test_acc"] for row in (payload or {}).get("rounds", [])
+                  if row.get("test_acc") is not None and point - window < row["comm_cost"] <= point]
+    return sum(accuracies) / len(accuracies) if accuracies else None
+
+
+def course_lines(columns: list[str], payloads: dict[str, list[dict[str, Any] | None]], budget: int,
+                 width: int) -> list[str]:
+    """The course of a run longer than the first point: per method, mean ± std over its finished runs of
+    ``window_mean`` at each of ``COURSE_POINTS`` below the budget and at the budget; whether it keeps
+    learning after 600 participations or falls back as it memorises. No lines for a budget of one point."""
+    points = [point for point in COURSE_POINTS if point < budget] + [budget]
+    if len(points) < 2:
+        return []
+    lines = [f"{'method':<{width}} " + " ".join(f"{point:>11}" for point in points)]
+    for column in columns:
+        runs = [payload for payload in payloads[column] if payload]
+        if runs:
+            lines.append(f"{column:<{width}} " + " ".join(
+                f"{spread([window_mean(run, point) for run in runs], 100):>11}" for point in points))
+    return lines
+
+
 def summary(payloads: list[dict[str, Any] | None], key: str) -> str:
     """Mean ± std of a summary figure (%) over the finished runs; '-' if none finished."""
     return spread([p["summary"][key] for p in payloads if p], 100)
@@ -273,8 +306,12 @@ def main() -> None:
         if lines:
             print("ranks: each paper's order of the methods it reports (CIFAR-10), and ours of the same methods")
             print("\n".join(lines))
-        lines = recall_lines(args.columns, {column: [done[(cell, column, seed)] for seed in seeds[cell]]
-                                            for column in args.columns}, width)
+        runs = {column: [done[(cell, column, seed)] for seed in seeds[cell]] for column in args.columns}
+        lines = course_lines(args.columns, runs, args.budget, width)
+        if lines:
+            print(f"the course: mean test accuracy % of the last {COURSE_WINDOW} participations before each point")
+            print("\n".join(lines))
+        lines = recall_lines(args.columns, runs, width)
         if lines:
             print("final recall per class %: the share of each class's test images classified correctly")
             print("\n".join(lines))

@@ -502,6 +502,26 @@ def test_the_field_prints_each_methods_final_recall_per_class_and_its_weakest_cl
     assert field_bench.recall_lines(["fedavg"], {"fedavg": [None, {"config": {}}]}, 11) == [], "no matrix: no lines"
 
 
+def course_payload(accuracies: list[float | None]) -> dict:
+    """A finished run of rounds of 10 participations with these test accuracies (None: not evaluated)."""
+    return {"rounds": [{"comm_cost": 10 * (k + 1), "test_acc": acc} for k, acc in enumerate(accuracies)]}
+
+
+def test_the_field_prints_the_course_of_a_longer_run_from_the_last_100_participations_before_each_point():
+    # Seed 1: 0.80 up to 600, then 0.90; seed 2: 0.70, then 0.80, with round 100's evaluation missing.
+    one = course_payload([0.8] * 60 + [0.9] * 60)
+    two = course_payload([0.7] * 60 + [0.8] * 39 + [None, 0.8, 0.8] + [0.8] * 18)
+    assert field_bench.window_mean(one, 600) == pytest.approx(0.8)
+    assert field_bench.window_mean(one, 650) == pytest.approx(0.85), "rounds 56-65: five of each"
+    assert field_bench.window_mean(two, 1000) == pytest.approx(0.8), "the round not evaluated is left out"
+    assert field_bench.window_mean(one, 2000) is None and field_bench.window_mean(None, 600) is None
+    header, line = field_bench.course_lines(["fedavg", "fedcorr"], {"fedavg": [one, two, None],
+                                                                    "fedcorr": [None] * 3}, 1200, 11)
+    assert header.split() == ["method", "600", "1000", "1200"], "the points below the budget, and the budget"
+    assert line.split() == ["fedavg", "75.00±7.07", "85.00±7.07", "85.00±7.07"], "no line for a method without runs"
+    assert field_bench.course_lines(["fedavg"], {"fedavg": [one]}, 600, 11) == [], "one point: no course"
+
+
 memorisation = load_bench("memorisation")
 
 
