@@ -258,7 +258,7 @@ def run_server(grid: Grid, plan: RunPlan, command: str | None = None, overrides:
     continued = continuation(settings, strategy, store)
     check_nodes_keep_state(strategy, continued)
     start = starting_point(settings, strategy, store)
-    if continued is not None and start.checkpoint is not None:
+    if continued is not None and start.checkpoint is not None and strategy.node_state():
         check_nodes_hold_state(grid, strategy.federation, start.lineage.scope(start.checkpoint.round, store.rounds()),
                                start.checkpoint.log.get("answered", {}), *continued, settings.server.round_timeout)
     arrays = ArrayRecord(model.state_dict())

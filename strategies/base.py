@@ -278,6 +278,13 @@ class FederatedStrategy(Strategy):
         for name, value in state.items():
             setattr(self, name, value)
 
+    def node_state(self) -> bool:
+        """Whether its clients keep state that later rounds read back (corrected labels, a correction
+        term, a prior): a run that continues a checkpoint then checks that every node still holds it
+        (``server.held``). True unless the strategy knows its clients keep none, so that a node with an
+        emptied state-dir, which would compute the same, is not refused."""
+        return True
+
     def summary(self) -> None:
         """Log the strategy's class, its rounds and its failure policy."""
         log.info("%s: %d rounds, skip_failed=%s", type(self).__name__, self.planned_rounds(), self.skip_failed)

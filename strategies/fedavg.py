@@ -112,6 +112,10 @@ class FedAvg(FederatedStrategy):
         """``num_rounds``."""
         return self.num_rounds
 
+    def node_state(self) -> bool:
+        """False: plain local training keeps nothing between rounds (a plug-in that does says True)."""
+        return False
+
     def planned_clients(self, server_round: int) -> int:
         """``round_size``, in every round."""
         return self.round_size()

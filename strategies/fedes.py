@@ -153,6 +153,10 @@ class FedES(FedAvg):
         self.naagg_fallbacks = 0
         self._round = 0
 
+    def node_state(self) -> bool:
+        """With the static mask its clients keep their update's CoP from the estimation round."""
+        return self.settings.mask == "static"
+
     def summary(self) -> None:
         """Log the three phases' rounds and the switches."""
         log.info("FedES: %d rounds in all; %s", self.num_rounds, self.settings)

@@ -15,11 +15,14 @@ from flwr.app import ArrayRecord, Context, Message, RecordDict
 
 from client import app as client_app
 from client.node import DIAGNOSTICS_KEY, sends_ground_truth
+from client.state_store import ANSWERED_KEY
 from common.errors import InvalidValue
 from common.run_files import CONFUSION
 from protocol.fedcorr import CorrectIns, CorrectRes
 from protocol.messages import EVALUATE, HELD, LOSS, StateScope, instruction, read_reply, with_scope
 from protocol.reply_fields import EVERY, REPLY_FIELDS, TENSORS, markdown_table
+from server.config import load_run
+from settings.compose import compose_config
 from strategies.detection import missing_diagnostics
 from strategies.registry import strategy_classes
 
@@ -42,6 +45,9 @@ RUNS: dict[str, tuple[str, set[str]]] = {
     # The server's summary of the weights (mu) does not change what clients send: the plain mean
     # spares eleven GMM fits.
     "fedes": ("strategy=fedes strategy.num_rounds=3 strategy.s1=1 strategy.mu=arithmetic_mean", set()),
+    # The static mask: its clients keep their CoP from the estimation round (node state).
+    "fedes-static": ("strategy=fedes strategy.num_rounds=3 strategy.s1=1 strategy.mu=arithmetic_mean "
+                     "strategy.mask=static", set()),
     "fednoro": ("strategy=fednoro strategy.num_rounds=6", {"counts"}),
     "fednoro-counts": ("strategy=fednoro strategy.num_rounds=6 strategy.detect_counts=true", {"present"}),
     "feddiv": ("strategy=feddiv strategy.num_rounds=2", set()),
@@ -102,7 +108,7 @@ def test_every_strategy_has_a_run_here():
 
 
 @pytest.mark.parametrize("run", sorted(RUNS))
-def test_each_strategys_replies_carry_exactly_the_declared_fields(run_inprocess, run):
+def test_each_strategys_replies_carry_exactly_the_declared_fields(run_inprocess, tmp_path, run):
     overrides, left_out = RUNS[run]
     strategy = run.split("-")[0]
     sent: Sent = set()
@@ -111,6 +117,13 @@ def test_each_strategys_replies_carry_exactly_the_declared_fields(run_inprocess,
     expected = {field for field in declared(strategy)
                 if field[2] not in left_out and field[0] not in left_out and field[0] not in ANSWERED_HERE}
     assert by_kind(sent) == by_kind(expected)
+    # And what stays on the client: the records its nodes kept besides the rounds they answered in are
+    # what the strategy's node_state declares (a resume checks nodes still hold them: server.held).
+    kept = {path.name for path in (tmp_path / "run" / "client_state").glob("run-*/partition-*/*")}
+    plan = load_run(compose_config([*f"{SMOKE} {overrides}".split(), f"out_dir={tmp_path / 'plan'}"]))
+    assert ANSWERED_KEY in kept
+    built = plan.strategy.build(plan.context(parameter_names=("w",)))
+    assert bool(kept - {ANSWERED_KEY}) is built.node_state(), sorted(kept)
     if strategy == "fedcorr":  # results.json counts the score's queries (T1 = 1: one per client), apart from comm_cost
         queries = sum(message.metadata.message_type == LOSS for message, _ in exchanges)
         assert payload["fedcorr"]["disagreement_queries"] == queries == (10 if run == "fedcorr-disagreement" else 0)

@@ -21,7 +21,7 @@ from grid import LocalGrid
 
 from client.state_store import admitted, enter, load_record, save_record, versions
 from common.errors import ConfigError
-from protocol.messages import StateScope, with_scope
+from protocol.messages import HELD, StateScope, with_scope
 from reports.runs import find_runs
 from server.checkpoints import Checkpoint, CheckpointStore, Lineage, read_checkpoint
 from server.config import load_run
@@ -362,6 +362,14 @@ def test_a_continued_run_is_refused_before_any_work_when_a_node_lost_the_state_i
     extension = f"strategy=feddyn comm_budget=15 extend_from={tmp_path / 'short'}"
     assert f"partitions {max(short)} (answered in round {short[max(short)]}, keeps state up to round 0)" in refused(
         "long", extension, f"extend_from='{tmp_path / 'short'}'")
+    # A strategy whose clients keep no state asks nothing: a node with an emptied state-dir computes the same.
+    reference, _ = run_at(RUNS["fedavg"], "plain-reference")
+    assert run_at(RUNS["fedavg"], "plain", kill_at=20)[0] is None
+    for pid in range(10):
+        lose_state(tmp_path / "plain", pid)
+    resumed, grid = run_at(f"{RUNS['fedavg']} resume=true", "plain")
+    assert_same_run(resumed, reference, tmp_path, ("plain", "plain-reference"))
+    assert not any(message.metadata.message_type == HELD for message in grid.delivered)
 
 
 def test_resume_true_without_a_checkpoint_starts_from_round_zero(run_at, tmp_path):
