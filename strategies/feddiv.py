@@ -214,10 +214,10 @@ class FedDiv(FedAvg):
         self.global_filter: NoiseFilter | None = None
         self.monitor: FedDivMonitor | None = None
 
-
     def node_state(self) -> bool:
         """True: its clients keep their prior (and the cached sampler's labels) between rounds."""
         return True
+
     def bind(self, federation: Federation) -> None:
         """Bind the federation and start the monitor."""
         super().bind(federation)

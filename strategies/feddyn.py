@@ -74,10 +74,10 @@ class FedDyn(FedAvg):
         super().__init__(settings, context, stage)
         self.h: dict[str, np.ndarray] = {}
 
-
     def node_state(self) -> bool:
         """True: its clients keep their correction term between rounds."""
         return True
+
     def train_instruction(self, server_round: int) -> TrainIns:
         """FedAvg's instruction at this FedDyn round's decayed learning rate."""
         ins = super().train_instruction(server_round)

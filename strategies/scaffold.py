@@ -73,10 +73,10 @@ class Scaffold(FedAvg):
         super().__init__(settings, context, stage)
         self.control: dict[str, np.ndarray] = {}
 
-
     def node_state(self) -> bool:
         """True: its clients keep their control variate between rounds."""
         return True
+
     def plugin_arrays(self, pid: int) -> ArrayRecord:
         """The server control variate c (zeros, shaped like the parameters, before the first round)."""
         if not self.control:
