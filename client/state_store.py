@@ -187,7 +187,7 @@ def mark_answered(context: Context, partition_id: int) -> None:
 def answered_round(context: Context, partition_id: int) -> int:
     """The last round the entered scope sees the node answer in (this run's versions it admits, else
     the parent's up to its checkpoint); 0 when it sees none."""
-    record = load_record(context, ANSWERED_KEY, partition_id) if _entered(context) is not None else None
+    record = load_record(context, ANSWERED_KEY, partition_id)
     return 0 if record is None else int(record["round"].numpy()[0])
 
 

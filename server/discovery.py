@@ -9,8 +9,9 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
+from typing import TYPE_CHECKING, TypeVar
 
-from flwr.app import Message
+from flwr.app import Message, RecordDict
 from flwr.serverapp import Grid
 
 from protocol.codec import ProtocolError
@@ -18,7 +19,11 @@ from protocol.messages import INFO, NodeInfo, instruction, read_reply
 from strategies.federation import Federation
 from strategies.replies import answering_node, short_reason
 
+if TYPE_CHECKING:
+    from _typeshed import DataclassInstance
+
 log = logging.getLogger(__name__)
+T = TypeVar("T", bound="DataclassInstance")
 
 
 class DiscoveryError(RuntimeError):
@@ -51,25 +56,33 @@ def wait_for_nodes(grid: Grid, expected: int, timeout: float, poll_s: float = 1.
         time.sleep(poll_s)
 
 
-def node_infos(grid: Grid, nodes: list[int], timeout: float) -> tuple[dict[int, NodeInfo], list[str]]:
-    """Each answering node's ``NodeInfo`` to a ``query.info``, and one problem per node that failed."""
-    queries = [Message(content=instruction(), message_type=INFO, dst_node_id=node) for node in nodes]
+def ask_every_node(grid: Grid, nodes: list[int], message_type: str, content: Callable[[], RecordDict],
+                   cls: type[T], timeout: float) -> tuple[dict[int, T], list[str]]:
+    """Each answering node's reply payload (as ``cls``) to a query of ``message_type`` with ``content()``,
+    and one problem per node that failed; sent by the grid directly, outside any round of the run."""
+    what = message_type.split(".")[-1]
+    queries = [Message(content=content(), message_type=message_type, dst_node_id=node) for node in nodes]
     replies = list(grid.send_and_receive(queries, timeout=timeout))
-    infos: dict[int, NodeInfo] = {}
+    answers: dict[int, T] = {}
     problems = []
     for reply in replies:
         node = answering_node(reply, queries)
         if reply.has_error():
-            log.debug("node %d failed the info query with:\n%s", node, reply.error.reason)
-            problems.append(f"node {node} failed the info query: {short_reason(reply.error.reason)}")
+            log.debug("node %d failed the %s query with:\n%s", node, what, reply.error.reason)
+            problems.append(f"node {node} failed the {what} query: {short_reason(reply.error.reason)}")
             continue
         try:
-            infos[node] = read_reply(reply.content, NodeInfo, f"node {node}")
+            answers[node] = read_reply(reply.content, cls, f"node {node}")
         except ProtocolError as err:
             problems.append(str(err))
     if len(replies) < len(nodes):
-        problems.append(f"{len(nodes) - len(replies)} node(s) did not answer the info query in time")
-    return infos, problems
+        problems.append(f"{len(nodes) - len(replies)} node(s) did not answer the {what} query in time")
+    return answers, problems
+
+
+def node_infos(grid: Grid, nodes: list[int], timeout: float) -> tuple[dict[int, NodeInfo], list[str]]:
+    """Each answering node's ``NodeInfo`` to a ``query.info``, and one problem per node that failed."""
+    return ask_every_node(grid, nodes, INFO, instruction, NodeInfo, timeout)
 
 
 def check_federation_size(infos: dict[int, NodeInfo], expected: int) -> None:

@@ -12,45 +12,21 @@ refused before any work.
 
 from __future__ import annotations
 
-import logging
-
-from flwr.app import Message
 from flwr.serverapp import Grid
 
 from common.errors import InvalidValue
-from protocol.codec import ProtocolError
-from protocol.messages import HELD, HeldState, StateScope, instruction, read_reply, with_scope
+from protocol.messages import HELD, HeldState, StateScope, instruction, with_scope
+from server.discovery import ask_every_node
 from strategies.federation import Federation
-from strategies.replies import answering_node, short_reason
-
-log = logging.getLogger(__name__)
 
 
 def held_rounds(grid: Grid, federation: Federation, scope: StateScope,
                 timeout: float) -> tuple[dict[int, int], list[str]]:
-    """Each partition's answer to a ``query.held`` under ``scope``, and one problem per node that failed.
-
-    Sent by the grid directly, not through a strategy: these answers are not rounds of the run."""
-    queries = [Message(content=with_scope(instruction(), scope), message_type=HELD, dst_node_id=node)
-               for node in federation.node_of.values()]
-    replies = list(grid.send_and_receive(queries, timeout=timeout))
-    answered: dict[int, int] = {}
-    problems = []
-    replied = set()
-    for reply in replies:
-        pid = federation.partition_of(answering_node(reply, queries))
-        replied.add(pid)
-        if reply.has_error():
-            log.debug("client %d failed the held query with:\n%s", pid, reply.error.reason)
-            problems.append(f"client {pid} failed the held query: {short_reason(reply.error.reason)}")
-            continue
-        try:
-            answered[pid] = read_reply(reply.content, HeldState, f"client {pid}").answered
-        except ProtocolError as err:
-            problems.append(str(err))
-    problems.extend(f"client {pid} did not answer the held query in time"
-                    for pid in sorted(set(federation.node_of) - replied))
-    return answered, problems
+    """Each partition's answer to a ``query.held`` under ``scope``, and one problem per node that failed
+    (not through a strategy: these answers are not rounds of the run)."""
+    answers, problems = ask_every_node(grid, list(federation.node_of.values()), HELD,
+                                       lambda: with_scope(instruction(), scope), HeldState, timeout)
+    return {federation.partition_of(node): held.answered for node, held in answers.items()}, problems
 
 
 def check_nodes_hold_state(grid: Grid, federation: Federation, scope: StateScope, expected: dict[int, int],
