@@ -2,7 +2,7 @@
 one communication cost, under FedCorr's noise (IID and non-IID) and FedES's noise.
 
     .venv/bin/python bench/field_fmnist.py [--cells corr-iid ...] [--columns fedavg fedcorr+poc ...] [--seeds 1]
-        [--more-seeds 2 3] [--budget 600] [--experiment fmnist] [--reuse | --report] [--outputs outputs]
+        [--more-seeds 2 3] [--budget 600 [3000 ...]] [--experiment fmnist] [--reuse | --report] [--outputs outputs]
         [-- Hydra overrides]
 
 Cells (100 clients, LeNet-5, experiment=fmnist):
@@ -25,7 +25,9 @@ reports beside ours of the same methods (by best and by last-10 accuracy), at a 
 course of each method (its mean test accuracy over the last 100 participations before 600, 1,000, ...
 participations and the budget), and each method's final recall per class with its weakest class (from
 the final confusion matrix). ``--budget`` sets the
-cost; 600 is the table of docs/results.md, a longer one is the papers' regime where FedAvg memorises. Runs:
+cost; 600 is the table of docs/results.md, a longer one is the papers' regime where FedAvg memorises.
+Several budgets (``--budget 600 3000``) run and print each budget's table in turn, the smaller first,
+so that the longer runs can continue the shorter ones (below). Runs:
 outputs/bench-field/<experiment>-budget<B>/<cell>/seed<seed>/<column>/ (``--outputs``: another folder
 than outputs/).
 
@@ -65,6 +67,7 @@ from runs import (
 
 # Imported after runs, which puts the project root ahead of bench/ (whose data.py is not our package).
 from data.sources.fashion_mnist import CLASSES as FASHION_MNIST_CLASSES  # noqa: E402
+from launch.jobs import Launcher  # noqa: E402
 from strategies.fedcorr import stage3_classes  # noqa: E402
 
 COLUMNS = ("fedavg", "fedprox", "fedcorr", "fedlsr", "fednoro", "feddiv", "feddiv_code", "fedes")
@@ -193,6 +196,23 @@ def course_lines(columns: list[str], payloads: dict[str, list[dict[str, Any] | N
     return lines
 
 
+def made_at(payloads: list[dict[str, Any] | None]) -> str:
+    """The commits the finished runs were made at, each with how many runs (a run resumed or extended at
+    another commit counts under each of its attempts' commits), and how many came from a checkout with
+    uncommitted changes: a table whose runs mix commits says so."""
+    commits: dict[str, int] = {}
+    dirty = 0
+    for payload in filter(None, payloads):
+        attempts = [attempt.get("git") or {} for attempt in payload.get("provenance", [])]
+        for commit in dict.fromkeys(str(git.get("commit", "unknown"))[:7] for git in attempts):
+            commits[commit] = commits.get(commit, 0) + 1
+        dirty += any(git.get("dirty") for git in attempts)
+    if not commits:
+        return "no run has finished"
+    made = ", ".join(f"{commit} ({count})" for commit, count in sorted(commits.items(), key=lambda item: -item[1]))
+    return f"runs made at commit {made}" + (f"; {dirty} from a checkout with uncommitted changes" if dirty else "")
+
+
 def summary(payloads: list[dict[str, Any] | None], key: str) -> str:
     """Mean ± std of a summary figure (%) over the finished runs; '-' if none finished."""
     return spread([p["summary"][key] for p in payloads if p], 100)
@@ -248,46 +268,35 @@ def rank_lines(cell: str, ours: dict[str, dict[str, float | None]]) -> list[str]
     return lines
 
 
-def main() -> None:
-    """Run (or reuse; with --report only read) the table's runs and print it."""
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--cells", nargs="+", choices=list(CELLS), default=list(CELLS), metavar="CELL")
-    parser.add_argument("--columns", nargs="+", choices=CHOICES, default=list(COLUMNS), metavar="COLUMN",
-                        help=f"of {', '.join(COLUMNS)} (the default), and FedCorr with another stage 3: "
-                             f"{', '.join(FEDCORR_WITH)}")
-    parser.add_argument("--seeds", nargs="+", type=int, default=[1], help="seeds of every cell")
-    parser.add_argument("--more-seeds", nargs="*", type=int, default=[2, 3],
-                        help=f"further seeds of the {SEEDED_CELL} cell")
-    parser.add_argument("--budget", type=int, default=600, help="client participations per run")
-    parser.add_argument("--experiment", default="fmnist", help="conf/experiment preset (smoke: a quick check)")
-    parser.add_argument("--reuse", action="store_true",
-                        help="reuse finished runs with the same config, resume stopped ones from their checkpoint")
-    parser.add_argument("--report", action="store_true",
-                        help="run nothing: print the table of the runs finished so far ('-' for the others)")
-    parser.add_argument("--outputs", default="outputs", help="the folder bench-field/ goes in")
-    add_launch_arguments(parser)
-    parser.add_argument("overrides", nargs="*", default=[])
-    args = parser.parse_args()
-    launcher = launcher_from(args)
-    if args.budget < 1:
-        raise ConfigError(f"--budget {args.budget} is invalid: allowed is an integer >= 1")
-    seeds = {cell: sorted(set(args.seeds) | (set(args.more_seeds) if cell == SEEDED_CELL else set()))
-             for cell in args.cells}
-    planned = {(cell, column, seed): cell_run(cell, column, seed, args.budget, args.experiment, args.overrides,
-                                              args.outputs)
-               for cell in args.cells for seed in seeds[cell] for column in args.columns}
-    check_all(list(planned.values()), args.reuse or args.report)
+Key = tuple[str, str, int]
+"""A run of one budget's table: (cell, column, seed)."""
+
+
+def plan(args: argparse.Namespace, budget: int, seeds: dict[str, list[int]]) -> dict[Key, list[str]]:
+    """Every run of one budget's table and its overrides."""
+    return {(cell, column, seed): cell_run(cell, column, seed, budget, args.experiment, args.overrides, args.outputs)
+            for cell in args.cells for seed in seeds[cell] for column in args.columns}
+
+
+def obtain(args: argparse.Namespace, budget: int, planned: dict[Key, list[str]], ledger: Ledger,
+           launcher: Launcher) -> dict[Key, dict[str, Any] | None]:
+    """Run (or reuse; with --report only read) one budget's runs, each continuing the same run at the
+    largest smaller budget that finished, where its strategy can."""
     # Seed 1 of every cell first, so each cell's first row is complete early.
     order = sorted(planned, key=lambda key: (key[2], args.cells.index(key[0]), args.columns.index(key[1])))
-    ledger = Ledger()
-    budgets = [] if args.report else shorter_budgets(args.outputs, args.experiment, args.budget)
-    shorter = {(cell, column, seed): [cell_run(cell, column, seed, budget, args.experiment, args.overrides,
-                                               args.outputs) for budget in budgets]
+    if args.report:
+        return {key: finished(planned[key]) for key in order}
+    budgets = shorter_budgets(args.outputs, args.experiment, budget)
+    shorter = {(cell, column, seed): [cell_run(cell, column, seed, smaller, args.experiment, args.overrides,
+                                               args.outputs) for smaller in budgets]
                for cell, column, seed in planned}
-    done = ({key: finished(planned[key]) for key in order} if args.report
-            else run_plan(planned, order, args.reuse, ledger, launcher, shorter))
+    return dict(run_plan(planned, order, args.reuse, ledger, launcher, shorter))
 
-    print(f"\nThe field on {args.experiment} at comm_budget={args.budget} client participations "
+
+def print_table(args: argparse.Namespace, budget: int, seeds: dict[str, list[int]],
+                done: dict[Key, dict[str, Any] | None]) -> None:
+    """One budget's table: per cell its rows, the papers' ranks beside ours, the course and the recall."""
+    print(f"\nThe field on {args.experiment} at comm_budget={budget} client participations "
           f"(overrides {args.overrides}); test accuracy %, mean ± std over the seeds")
     for cell in args.cells:
         print(f"\n{cell} ({', '.join(CELLS[cell])}; seeds {seeds[cell]})")
@@ -307,7 +316,7 @@ def main() -> None:
             print("ranks: each paper's order of the methods it reports (CIFAR-10), and ours of the same methods")
             print("\n".join(lines))
         runs = {column: [done[(cell, column, seed)] for seed in seeds[cell]] for column in args.columns}
-        lines = course_lines(args.columns, runs, args.budget, width)
+        lines = course_lines(args.columns, runs, budget, width)
         if lines:
             print(f"the course: mean test accuracy % of the last {COURSE_WINDOW} participations before each point")
             print("\n".join(lines))
@@ -315,6 +324,41 @@ def main() -> None:
         if lines:
             print("final recall per class %: the share of each class's test images classified correctly")
             print("\n".join(lines))
+    print(f"\n{made_at(list(done.values()))}")
+
+
+def main() -> None:
+    """Run (or reuse; with --report only read) each budget's runs and print its table, the smaller first."""
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--cells", nargs="+", choices=list(CELLS), default=list(CELLS), metavar="CELL")
+    parser.add_argument("--columns", nargs="+", choices=CHOICES, default=list(COLUMNS), metavar="COLUMN",
+                        help=f"of {', '.join(COLUMNS)} (the default), and FedCorr with another stage 3: "
+                             f"{', '.join(FEDCORR_WITH)}")
+    parser.add_argument("--seeds", nargs="+", type=int, default=[1], help="seeds of every cell")
+    parser.add_argument("--more-seeds", nargs="*", type=int, default=[2, 3],
+                        help=f"further seeds of the {SEEDED_CELL} cell")
+    parser.add_argument("--budget", type=int, nargs="+", default=[600],
+                        help="client participations per run; several: a table each, the smaller budget's runs first")
+    parser.add_argument("--experiment", default="fmnist", help="conf/experiment preset (smoke: a quick check)")
+    parser.add_argument("--reuse", action="store_true",
+                        help="reuse finished runs with the same config, resume stopped ones from their checkpoint")
+    parser.add_argument("--report", action="store_true",
+                        help="run nothing: print the table of the runs finished so far ('-' for the others)")
+    parser.add_argument("--outputs", default="outputs", help="the folder bench-field/ goes in")
+    add_launch_arguments(parser)
+    parser.add_argument("overrides", nargs="*", default=[])
+    args = parser.parse_args()
+    launcher = launcher_from(args)
+    for budget in args.budget:
+        if budget < 1:
+            raise ConfigError(f"--budget={budget} is invalid: allowed is an integer >= 1")
+    seeds = {cell: sorted(set(args.seeds) | (set(args.more_seeds) if cell == SEEDED_CELL else set()))
+             for cell in args.cells}
+    plans = {budget: plan(args, budget, seeds) for budget in sorted(set(args.budget))}
+    check_all([overrides for planned in plans.values() for overrides in planned.values()], args.reuse or args.report)
+    ledger = Ledger()
+    for budget, planned in plans.items():
+        print_table(args, budget, seeds, obtain(args, budget, planned, ledger, launcher))
     print_time_saved(ledger)
 
 

@@ -755,3 +755,83 @@ def test_the_client_split_summary_scores_noisy_runs_and_counts_the_flagged_of_cl
                    Path("clean"): {**unreplayed, "mean two": (None, 3)}})
     lines = capsys.readouterr().out.splitlines()
     assert lines[2:] == ["  mean two         0.950 0.900 1/2 (b); flagged without noisy clients: [3]"]
+
+
+def test_a_finished_runs_record_outlives_its_outputs_and_is_reused_after_restore(tmp_path, capsys):
+    records_bench = load_bench("records")
+    outputs, records = tmp_path / "outputs", tmp_path / "records"
+    run_dir = outputs / "bench-field" / "fmnist-budget600" / "corr-iid" / "seed1" / "fedavg"
+    overrides = ["experiment=smoke", "strategy=fedavg", f"out_dir={run_dir}"]
+    config = OmegaConf.to_container(compose_config([*overrides, "ground_truth=true"]), resolve=True)
+    original = write_results(run_dir, config).read_text()
+    write_results(outputs / "bench-field" / "fmnist-budget600" / "corr-iid" / "seed1" / "fedcorr", config,
+                  complete=False)
+    assert records_bench.save(outputs, records, "bench-*") == (1, 0)
+    assert sorted(path.relative_to(records).as_posix() for path in records.rglob("*.json")) == [
+        "bench-field/fmnist-budget600/corr-iid/seed1/fedavg.json"]
+    assert records_bench.save(outputs, records, "bench-*") == (0, 1)
+
+    shutil.rmtree(outputs)  # the machine that made the run is gone
+    assert runs.finished(overrides) is None
+    assert records_bench.restore(outputs, records, "bench-field") == (1, 0)
+    assert json.loads((run_dir / "results.json").read_text()) == json.loads(original)
+    assert runs.run(overrides, reuse=True)["summary"] == {"best_acc": 0.5}  # reused: nothing ran
+
+    # A folder's own results, finished or in progress, are never replaced by a record.
+    write_results(run_dir, config, complete=False)
+    assert records_bench.restore(outputs, records, "bench-*") == (0, 1)
+    assert runs.finished(overrides) is None
+
+
+def test_records_refuse_a_missing_folder_in_one_line_before_any_work(tmp_path, monkeypatch, capsys):
+    records_bench = load_bench("records")
+    monkeypatch.setattr(sys, "argv", ["bench/records.py", "restore", "--records", str(tmp_path / "none"),
+                                      "--outputs", str(tmp_path / "outputs")])
+    with pytest.raises(SystemExit) as stop:
+        records_bench.main_with_clear_errors(records_bench.main)
+    assert stop.value.code == 2
+    assert capsys.readouterr().err == (f"error: --records={tmp_path / 'none'} is invalid: "
+                                       "allowed is an existing folder\n")
+    assert not (tmp_path / "outputs").exists()
+
+
+def test_the_field_report_says_which_commits_its_runs_were_made_at():
+    def made(*attempts: tuple[str, bool] | None) -> dict:
+        return {"provenance": [{"git": None if attempt is None else {"commit": attempt[0], "dirty": attempt[1]}}
+                               for attempt in attempts]}
+
+    runs_ = [made(("7c69eab30de8", False)), made(("7c69eab30de8", False), ("144f9e1aaaa", True)),
+             made(("7c69eab30de8", False), ("7c69eab30de8", False)), made(None), None]
+    assert field_bench.made_at(runs_) == ("runs made at commit 7c69eab (3), 144f9e1 (1), unknown (1); "
+                                          "1 from a checkout with uncommitted changes")
+    assert field_bench.made_at([None]) == "no run has finished"
+
+
+def test_the_field_runs_each_budget_in_turn_the_smaller_first_and_the_longer_run_continues_it(
+        tmp_path, monkeypatch, capsys):
+    calls: list[tuple[int, str | None]] = []
+
+    def fake_run(cfg, overrides):  # a finished run of budget / 3 rounds (smoke: 3 clients a round)
+        config = OmegaConf.to_container(cfg, resolve=True)
+        calls.append((config["comm_budget"], config.get("extend_from")))
+        last = config["comm_budget"] // 3
+        store = CheckpointStore(config["out_dir"])
+        store.write_record(RunRecord(config, Lineage.fresh()))
+        (store.dir / f"round-{last:07d}.ckpt").write_bytes(b"")
+        summary = {"best_acc": 0.8, "final_acc": 0.7, "last10_mean_acc": 0.7}
+        rounds = [{"round": r, "test_acc": 0.7, "comm_cost": 3 * r, "elapsed_s": r} for r in range(1, last + 1)]
+        payload = {"complete": True, "config": config, "summary": summary, "rounds": rounds,
+                   "provenance": [{"git": {"commit": "7c69eab30de8", "dirty": False}}]}
+        Path(config["out_dir"], "results.json").write_text(json.dumps(payload))
+        return payload
+
+    monkeypatch.setattr(runs.sim, "run", fake_run)
+    monkeypatch.setattr(sys, "argv", ["bench/field_fmnist.py", "--experiment", "smoke", "--cells", "corr-iid",
+                                      "--columns", "fedavg", "--seeds", "1", "--more-seeds", "--budget", "90", "30",
+                                      "--outputs", str(tmp_path)])
+    field_bench.main()
+    shorter = tmp_path / "bench-field" / "smoke-budget30" / "corr-iid" / "seed1" / "fedavg"
+    assert calls == [(30, None), (90, str(shorter))]
+    out = capsys.readouterr().out
+    assert out.index("at comm_budget=30 ") < out.index("at comm_budget=90 ")
+    assert out.count("runs made at commit 7c69eab (1)") == 2
