@@ -33,7 +33,7 @@ import argparse
 from typing import Any
 
 from runs import (
-    add_launch_arguments,
+    add_table_arguments,
     check_all,
     fedcorr_figure,
     finished,
@@ -183,12 +183,7 @@ def main() -> None:
     parser.add_argument("--columns", nargs="+", choices=COLUMNS, default=list(COLUMNS), metavar="COLUMN",
                         help=f"of {', '.join(COLUMNS)}")
     parser.add_argument("--seeds", nargs="+", type=int, default=[1, 2, 3])
-    parser.add_argument("--reuse", action="store_true",
-                        help="reuse finished runs with the same config, resume stopped ones from their checkpoint")
-    parser.add_argument("--report", action="store_true", help="run nothing: print what has finished")
-    parser.add_argument("--outputs", default="outputs", help="the folder bench-fedcorr-plus/ goes in")
-    add_launch_arguments(parser)
-    parser.add_argument("overrides", nargs="*", default=[])
+    add_table_arguments(parser, "bench-fedcorr-plus")
     args = parser.parse_args()
     launcher = launcher_from(args)
     plan = {(cell, column, seed): cell_run(cell, column, seed, args.overrides, args.outputs)

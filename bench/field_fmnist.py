@@ -54,7 +54,7 @@ from typing import Any
 from runs import (
     ConfigError,
     Ledger,
-    add_launch_arguments,
+    add_table_arguments,
     check_all,
     finished,
     known_mean,
@@ -340,13 +340,7 @@ def main() -> None:
     parser.add_argument("--budget", type=int, nargs="+", default=[600],
                         help="client participations per run; several: a table each, the smaller budget's runs first")
     parser.add_argument("--experiment", default="fmnist", help="conf/experiment preset (smoke: a quick check)")
-    parser.add_argument("--reuse", action="store_true",
-                        help="reuse finished runs with the same config, resume stopped ones from their checkpoint")
-    parser.add_argument("--report", action="store_true",
-                        help="run nothing: print the table of the runs finished so far ('-' for the others)")
-    parser.add_argument("--outputs", default="outputs", help="the folder bench-field/ goes in")
-    add_launch_arguments(parser)
-    parser.add_argument("overrides", nargs="*", default=[])
+    add_table_arguments(parser, "bench-field")
     args = parser.parse_args()
     launcher = launcher_from(args)
     for budget in args.budget:

@@ -30,7 +30,7 @@ from typing import Any
 
 from runs import (
     ConfigError,
-    add_launch_arguments,
+    add_table_arguments,
     check_all,
     finished,
     launcher_from,
@@ -133,12 +133,7 @@ def main() -> None:
     parser.add_argument("--lr", type=float, default=LENET_LR, help="LeNet-5's local learning rate")
     parser.add_argument("--lr-sweep", nargs="+", type=float, default=None, metavar="LR",
                         help="only run clean FedAvg at these learning rates and print them")
-    parser.add_argument("--reuse", action="store_true",
-                        help="reuse finished runs with the same config, resume stopped ones from their checkpoint")
-    parser.add_argument("--report", action="store_true",
-                        help="run nothing: print the table of the runs finished so far ('-' for the others)")
-    add_launch_arguments(parser)
-    parser.add_argument("overrides", nargs="*", default=[])
+    add_table_arguments(parser)
     args = parser.parse_args()
     launcher = launcher_from(args)
     if not args.lr > 0:

@@ -382,6 +382,19 @@ def add_launch_arguments(parser: argparse.ArgumentParser) -> None:
                         help="CPUs per run (default: this machine's cores / --jobs; 1 on a cluster)")
 
 
+def add_table_arguments(parser: argparse.ArgumentParser, folder: str | None = None) -> None:
+    """A table benchmark's ``--reuse`` and ``--report``, ``--outputs`` (the folder ``folder`` goes in;
+    None: the bench writes under outputs/ only), the launch arguments, and the Hydra overrides last."""
+    parser.add_argument("--reuse", action="store_true",
+                        help="reuse finished runs with the same config, resume stopped ones from their checkpoint")
+    parser.add_argument("--report", action="store_true",
+                        help="run nothing: print the table of the runs finished so far ('-' for the others)")
+    if folder is not None:
+        parser.add_argument("--outputs", default="outputs", help=f"the folder {folder}/ goes in")
+    add_launch_arguments(parser)
+    parser.add_argument("overrides", nargs="*", default=[])
+
+
 def launcher_from(args: argparse.Namespace) -> Launcher:
     """The launcher the benchmark's arguments ask for (checked: one ``error:`` line for a bad value)."""
     return Launcher(jobs=args.jobs, cluster=args.cluster, job_cpus=args.job_cpus)

@@ -37,7 +37,7 @@ from pathlib import Path
 import numpy as np
 from runs import (
     Ledger,
-    add_launch_arguments,
+    add_table_arguments,
     check_all,
     finished,
     launcher_from,
@@ -71,13 +71,7 @@ def main() -> None:
                         help=f"the columns to run or report, of {', '.join(COLUMNS)} (default: all)")
     parser.add_argument("--figure4", action="store_true", help="only the columns of FedCorr's Fig. 4: "
                                                                 + ", ".join(FIGURE4))
-    parser.add_argument("--reuse", action="store_true",
-                        help="reuse finished runs with the same config, resume stopped ones from their checkpoint")
-    parser.add_argument("--report", action="store_true",
-                        help="run nothing: print the table of the runs finished so far ('-' for the others)")
-    parser.add_argument("--outputs", default="outputs", help="the folder bench-strategies/ goes in")
-    add_launch_arguments(parser)
-    parser.add_argument("overrides", nargs="*", default=[])
+    add_table_arguments(parser, "bench-strategies")
     args = parser.parse_args()
     launcher = launcher_from(args)
     columns = [name for name in COLUMNS if name in (FIGURE4 if args.figure4 else args.methods)]
