@@ -183,17 +183,18 @@ def course_lines(columns: list[str], payloads: dict[str, list[dict[str, Any] | N
                  width: int) -> list[str]:
     """The course of a run longer than the first point: per method, mean ± std over its finished runs of
     ``window_mean`` at each of ``COURSE_POINTS`` below the budget and at the budget; whether it keeps
-    learning after 600 participations or falls back as it memorises. No lines for a budget of one point."""
+    learning after 600 participations or falls back as it memorises. No lines for a budget of one point,
+    nor where no run has finished."""
     points = [point for point in COURSE_POINTS if point < budget] + [budget]
     if len(points) < 2:
         return []
-    lines = [f"{'method':<{width}} " + " ".join(f"{point:>11}" for point in points)]
+    lines = []
     for column in columns:
         runs = [payload for payload in payloads[column] if payload]
         if runs:
             lines.append(f"{column:<{width}} " + " ".join(
                 f"{spread([window_mean(run, point) for run in runs], 100):>11}" for point in points))
-    return lines
+    return [f"{'method':<{width}} " + " ".join(f"{point:>11}" for point in points), *lines] if lines else []
 
 
 def made_at(payloads: list[dict[str, Any] | None]) -> str:

@@ -520,6 +520,7 @@ def test_the_field_prints_the_course_of_a_longer_run_from_the_last_100_participa
     assert header.split() == ["method", "600", "1000", "1200"], "the points below the budget, and the budget"
     assert line.split() == ["fedavg", "75.00±7.07", "85.00±7.07", "85.00±7.07"], "no line for a method without runs"
     assert field_bench.course_lines(["fedavg"], {"fedavg": [one]}, 600, 11) == [], "one point: no course"
+    assert field_bench.course_lines(["fedavg"], {"fedavg": [None, None]}, 1200, 11) == [], "no run: no course"
 
 
 memorisation = load_bench("memorisation")
