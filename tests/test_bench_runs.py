@@ -777,6 +777,11 @@ def test_a_finished_runs_record_outlives_its_outputs_and_is_reused_after_restore
     assert records_bench.restore(outputs, records, "bench-field") == (1, 0)
     assert json.loads((run_dir / "results.json").read_text()) == json.loads(original)
     assert runs.run(overrides, reuse=True)["summary"] == {"best_acc": 0.5}  # reused: nothing ran
+    # It has no checkpoints: a longer run cannot continue it, runs from round 0 and says why.
+    longer = ["experiment=smoke", "strategy=fedavg", "comm_budget=900", f"out_dir={outputs / 'longer'}"]
+    assert runs.extending(longer, [overrides]) == longer
+    said = capsys.readouterr().out
+    assert f"runs from round 0: extend_from='{run_dir}' is invalid" in said and "no checkpoints/run.json" in said
 
     # A folder's own results, finished or in progress, are never replaced by a record.
     write_results(run_dir, config, complete=False)
