@@ -24,8 +24,10 @@ from typing import Any
 
 from runs import ConfigError, main_with_clear_errors
 
+# Imported after runs, which puts the project root ahead of bench/ on the path.
+from common.run_files import RESULTS  # noqa: E402
+
 RECORDS = Path(__file__).resolve().parents[1] / "docs" / "records"
-RESULTS = "results.json"
 BENCH_FOLDERS = "bench-*"
 """The folders under outputs/ that benchmarks write (bench-field, bench-fedcorr, ...)."""
 
@@ -83,9 +85,8 @@ def main() -> None:
     parser.add_argument("--under", default=BENCH_FOLDERS,
                         help="only the runs under this folder of outputs/ (a glob; default every benchmark's)")
     args = parser.parse_args()
-    source = args.outputs if args.action == "save" else args.records
+    option, source = ("--outputs", args.outputs) if args.action == "save" else ("--records", args.records)
     if not source.is_dir():
-        option = "--outputs" if args.action == "save" else "--records"
         raise ConfigError(f"{option}={source} is invalid: allowed is an existing folder")
     if args.action == "save":
         written, kept = save(args.outputs, args.records, args.under)
