@@ -26,8 +26,10 @@ course of each method (its mean test accuracy over the last 100 participations b
 participations and the budget), and each method's final recall per class with its weakest class (from
 the final confusion matrix). ``--budget`` sets the
 cost; 600 is the table of docs/results.md, a longer one is the papers' regime where FedAvg memorises.
-Several budgets (``--budget 600 3000``) run and print each budget's table in turn, the smaller first,
-so that the longer runs can continue the shorter ones (below). Runs:
+Several budgets (``--budget 600 3000``) run in one plan and print a table each, the smaller first: a
+longer run waits for the same run at the smallest budget and continues it (below; a FedCorr column
+that took stages 1-2 over takes them from the plain FedCorr run instead), and with ``--jobs N`` it
+starts as soon as that one has ended, while the others keep the N places busy. Runs:
 outputs/bench-field/<experiment>-budget<B>/<cell>/seed<seed>/<column>/ (``--outputs``: another folder
 than outputs/).
 
@@ -271,6 +273,8 @@ def rank_lines(cell: str, ours: dict[str, dict[str, float | None]]) -> list[str]
 
 Key = tuple[str, str, int]
 """A run of one budget's table: (cell, column, seed)."""
+Run = tuple[int, str, str, int]
+"""A run of the whole plan: (budget, cell, column, seed)."""
 
 
 def plan(args: argparse.Namespace, budget: int, seeds: dict[str, list[int]]) -> dict[Key, list[str]]:
@@ -279,19 +283,32 @@ def plan(args: argparse.Namespace, budget: int, seeds: dict[str, list[int]]) -> 
             for cell in args.cells for seed in seeds[cell] for column in args.columns}
 
 
-def obtain(args: argparse.Namespace, budget: int, planned: dict[Key, list[str]], ledger: Ledger,
-           launcher: Launcher) -> dict[Key, dict[str, Any] | None]:
-    """Run (or reuse; with --report only read) one budget's runs, each continuing the same run at the
-    largest smaller budget that finished, where its strategy can."""
-    # Seed 1 of every cell first, so each cell's first row is complete early.
-    order = sorted(planned, key=lambda key: (key[2], args.cells.index(key[0]), args.columns.index(key[1])))
+def obtain(args: argparse.Namespace, plans: dict[int, dict[Key, list[str]]], ledger: Ledger,
+           launcher: Launcher) -> dict[int, dict[Key, dict[str, Any] | None]]:
+    """Run (or reuse; with --report only read) every budget's runs, each continuing the same run at the
+    largest smaller budget, planned or found, that finished and computed its rounds itself, where its
+    strategy can."""
     if args.report:
-        return {key: finished(planned[key]) for key in order}
-    budgets = shorter_budgets(args.outputs, args.experiment, budget)
-    shorter = {(cell, column, seed): [cell_run(cell, column, seed, smaller, args.experiment, args.overrides,
-                                               args.outputs) for smaller in budgets]
-               for cell, column, seed in planned}
-    return dict(run_plan(planned, order, args.reuse, ledger, launcher, shorter))
+        return {budget: {key: finished(overrides) for key, overrides in planned.items()}
+                for budget, planned in plans.items()}
+    runs: dict[Run, list[str]] = {(budget, cell, column, seed): overrides for budget, planned in plans.items()
+                                  for (cell, column, seed), overrides in planned.items()}
+    # Seed 1 of every cell first, so each cell's first row is complete early; within a cell and seed
+    # the smaller budget first, so a longer run is ready before the next cell's runs.
+    order = sorted(runs, key=lambda run: (run[3], args.cells.index(run[1]), run[0], args.columns.index(run[2])))
+    shorter: dict[Run, list[list[str]]] = {}
+    extends: dict[Run, Run] = {}
+    for budget, cell, column, seed in runs:
+        smaller = sorted({*shorter_budgets(args.outputs, args.experiment, budget), *(b for b in plans if b < budget)},
+                         reverse=True)
+        shorter[(budget, cell, column, seed)] = [cell_run(cell, column, seed, other, args.experiment, args.overrides,
+                                                          args.outputs) for other in smaller]
+        # The smallest budget's run: a run that continued another cannot be continued in turn.
+        if planned_smaller := [b for b in plans if b < budget]:
+            extends[(budget, cell, column, seed)] = (min(planned_smaller), cell, column, seed)
+    done = run_plan(runs, order, args.reuse, ledger, launcher, shorter, extends)
+    return {budget: {(cell, column, seed): done[(budget, cell, column, seed)] for cell, column, seed in planned}
+            for budget, planned in plans.items()}
 
 
 def print_table(args: argparse.Namespace, budget: int, seeds: dict[str, list[int]],
@@ -329,7 +346,7 @@ def print_table(args: argparse.Namespace, budget: int, seeds: dict[str, list[int
 
 
 def main() -> None:
-    """Run (or reuse; with --report only read) each budget's runs and print its table, the smaller first."""
+    """Run (or reuse; with --report only read) every budget's runs and print each budget's table, the smaller first."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--cells", nargs="+", choices=list(CELLS), default=list(CELLS), metavar="CELL")
     parser.add_argument("--columns", nargs="+", choices=CHOICES, default=list(COLUMNS), metavar="COLUMN",
@@ -339,7 +356,8 @@ def main() -> None:
     parser.add_argument("--more-seeds", nargs="*", type=int, default=[2, 3],
                         help=f"further seeds of the {SEEDED_CELL} cell")
     parser.add_argument("--budget", type=int, nargs="+", default=[600],
-                        help="client participations per run; several: a table each, the smaller budget's runs first")
+                        help="client participations per run; several: a table each, a longer run continuing "
+                             "the shorter")
     parser.add_argument("--experiment", default="fmnist", help="conf/experiment preset (smoke: a quick check)")
     add_table_arguments(parser, "bench-field")
     args = parser.parse_args()
@@ -352,8 +370,9 @@ def main() -> None:
     plans = {budget: plan(args, budget, seeds) for budget in sorted(set(args.budget))}
     check_all([overrides for planned in plans.values() for overrides in planned.values()], args.reuse or args.report)
     ledger = Ledger()
-    for budget, planned in plans.items():
-        print_table(args, budget, seeds, obtain(args, budget, planned, ledger, launcher))
+    done = obtain(args, plans, ledger, launcher)
+    for budget in plans:
+        print_table(args, budget, seeds, done[budget])
     print_time_saved(ledger)
 
 

@@ -14,6 +14,7 @@ that saved.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import sys
@@ -30,7 +31,7 @@ from omegaconf import DictConfig, OmegaConf  # noqa: E402
 
 import sim  # noqa: E402
 from common.errors import ConfigError  # noqa: E402
-from launch.jobs import Job, Launcher  # noqa: E402
+from launch.jobs import Job, Launcher, Step  # noqa: E402
 from reports.tables import mean_std  # noqa: E402
 from server.checkpoints import CheckpointStore  # noqa: E402
 from server.config import BOOKKEEPING_KEYS, RESUME_MAY_CHANGE, load_run  # noqa: E402
@@ -275,8 +276,9 @@ def inheriting(overrides: list[str], source_overrides: list[str]) -> list[str]:
 
 def extending(overrides: list[str], shorter: list[list[str]]) -> list[str]:
     """A planned run's overrides continuing the first finished run of ``shorter`` (the same run at
-    smaller budgets, the longest first) when it can (``extend_from``; else a line says why, and it runs
-    from round 0). A run that has started keeps how it started, so a stopped one resumes as it began."""
+    smaller budgets, the longest first) that computed its rounds itself, when it can (``extend_from``;
+    else a line says why, and it runs from round 0). A run that has started keeps how it started, so a
+    stopped one resumes as it began."""
     cfg, _ = planned(overrides)
     record = CheckpointStore(cfg.out_dir).record()
     if record is not None:
@@ -286,6 +288,11 @@ def extending(overrides: list[str], shorter: list[list[str]]) -> list[str]:
         try:
             other_cfg, _ = planned(other)
             if finished_run(other_cfg) is None:
+                continue
+            other_record = CheckpointStore(other_cfg.out_dir).record()
+            if other_record is not None and other_record.lineage.parent:
+                print(f"{cfg.out_dir} does not continue {other_cfg.out_dir}: that run took rounds from another",
+                      flush=True)
                 continue
             candidate = [*overrides, f"{EXTEND_FROM}={other_cfg.out_dir}"]
             load_run(planned(candidate)[0])
@@ -298,32 +305,44 @@ def extending(overrides: list[str], shorter: list[list[str]]) -> list[str]:
 
 def run_plan(plan: Mapping[Key, list[str]], order: list[Key], reuse: bool = False,
              ledger: Ledger | None = None, launcher: Launcher | None = None,
-             shorter: Mapping[Key, list[list[str]]] | None = None) -> dict[Key, dict[str, Any]]:
+             shorter: Mapping[Key, list[list[str]]] | None = None,
+             extends: Mapping[Key, Key] | None = None) -> dict[Key, dict[str, Any]]:
     """Run (or reuse, or resume) the planned runs in ``order``, FedCorr runs that can share stages 1-2
     taking them over from their group's source (run first, before the first run that needs it), and
     the others continuing the same run at a smaller budget where ``shorter`` names one that finished
-    (``extending``). A concurrent ``launcher`` (``--jobs N`` / ``--cluster``) runs them as separate
-    processes, at most N at once: first every run that needs no other, then the runs that take stages
-    1-2 over."""
+    (``extending``). ``extends`` names, for a run, the planned run of ``shorter`` it continues: it runs
+    after that one and takes no stages 1-2 over, unless that one took its own stages 1-2 over (a run
+    that took rounds from another cannot be continued), when it takes them from the same source. A
+    concurrent ``launcher`` (``--jobs N`` / ``--cluster``) runs them as separate processes, at most N at
+    once, each as soon as the run it waits for has ended (``run_concurrently``)."""
     sources = stages12_groups({key: resolved_config(plan[key]) for key in order})
+    extends = {key: shorter for key, shorter in (extends or {}).items() if shorter not in sources}
+    sources = {key: source for key, source in sources.items() if key not in extends}
     if ledger is not None:
         ledger.shared += len(sources)
     shorter = shorter or {}
+    needs = {key: [need for need in (sources.get(key), extends.get(key)) if need is not None] for key in order}
+    steps = prerequisites_first(order, needs)
     if launcher is not None and launcher.concurrent:
-        return run_waves(plan, order, sources, reuse, ledger, launcher, shorter)
-    done: dict[Key, dict[str, Any]] = {}
+        done = run_concurrently(plan, steps, needs, sources, reuse, ledger, launcher, shorter)
+    else:
+        done = {key: run(own_overrides(plan, key, sources, reuse, shorter), reuse, ledger) for key in steps}
+    return {key: done[key] for key in order}
 
-    def obtain(key: Key) -> None:
-        if key in done:
-            return
-        source = sources.get(key)
-        if source is not None:
-            obtain(source)
-        done[key] = run(own_overrides(plan, key, sources, reuse, shorter), reuse, ledger)
+
+def prerequisites_first(order: list[Key], needs: Mapping[Key, list[Key]]) -> list[Key]:
+    """``order`` with every run moved after the runs it ``needs`` (which go first, in their own order)."""
+    placed: dict[Key, None] = {}
+
+    def place(key: Key) -> None:
+        if key not in placed:
+            for need in needs.get(key, []):
+                place(need)
+            placed[key] = None
 
     for key in order:
-        obtain(key)
-    return {key: done[key] for key in order}
+        place(key)
+    return list(placed)
 
 
 def own_overrides(plan: Mapping[Key, list[str]], key: Key, sources: Mapping[Key, Key], reuse: bool,
@@ -337,38 +356,49 @@ def own_overrides(plan: Mapping[Key, list[str]], key: Key, sources: Mapping[Key,
 
 
 class RunsFailed(Exception):
-    """Runs of a concurrent benchmark that exited with an error (their output was echoed above)."""
+    """Runs of a concurrent benchmark that exited with an error (their output was echoed above), and the
+    planned runs not started because they wait for one of those."""
 
-    def __init__(self, failed: list[tuple[str, int]]) -> None:
+    def __init__(self, failed: list[tuple[str, int]], skipped: list[str] | None = None) -> None:
         super().__init__(f"{len(failed)} run(s) failed")
         self.failed = failed
+        self.skipped = skipped or []
 
 
-def run_waves(plan: Mapping[Key, list[str]], order: list[Key], sources: Mapping[Key, Key], reuse: bool,
-              ledger: Ledger | None, launcher: Launcher,
-              shorter: Mapping[Key, list[list[str]]]) -> dict[Key, dict[str, Any]]:
+def run_concurrently(plan: Mapping[Key, list[str]], steps: list[Key], needs: Mapping[Key, list[Key]],
+                     sources: Mapping[Key, Key], reuse: bool, ledger: Ledger | None, launcher: Launcher,
+                     shorter: Mapping[Key, list[list[str]]]) -> dict[Key, dict[str, Any]]:
     """``run_plan`` with a concurrent launcher: each run a ``sim.py`` process (as ``run`` would run it in
-    this one), the runs that need no other in a first wave, the ones taking stages 1-2 over in a second.
-    A failed run stops the benchmark after its wave (raises ``RunsFailed``); rerun with ``--reuse``."""
+    this one), started as soon as a place is free and the runs it ``needs`` (the one it takes stages 1-2
+    over from, the one it continues; earlier in ``steps``) have ended. How it starts is decided then
+    (``own_overrides``), so a run reused or finished by then is not started. A failed run stops only the
+    runs that wait for it; the others go on, and then ``RunsFailed`` names them all (rerun with
+    ``--reuse``)."""
     done: dict[Key, dict[str, Any]] = {}
-    for wave in ([key for key in order if key not in sources], [key for key in order if key in sources]):
-        waiting: dict[Key, Pending] = {}
-        for key in wave:
-            job = pending(own_overrides(plan, key, sources, reuse, shorter), reuse, ledger)
-            if isinstance(job, Pending):
-                waiting[key] = job
-            else:
-                done[key] = job
-        jobs = [Job(str(job.cfg.out_dir), launcher.sim_argv(job.overrides)) for job in waiting.values()]
-        failed = []
-        for (key, job), ended in zip(waiting.items(), launcher.run(jobs)):
-            if ended.ok:
-                done[key] = job.record(read_results(job.cfg.out_dir), ended.seconds, ledger)
-            else:
-                failed.append((str(job.cfg.out_dir), ended.returncode))
-        if failed:
-            raise RunsFailed(failed)
-    return {key: done[key] for key in order}
+    jobs: dict[Key, Pending] = {}
+
+    def make(key: Key) -> Job | None:
+        job = pending(own_overrides(plan, key, sources, reuse, shorter), reuse, ledger)
+        if not isinstance(job, Pending):
+            done[key] = job
+            return None
+        jobs[key] = job
+        return Job(str(job.cfg.out_dir), launcher.sim_argv(job.overrides))
+
+    position = {key: k for k, key in enumerate(steps)}
+    ended = launcher.run_steps([Step(functools.partial(make, key), tuple(position[need] for need in needs[key]))
+                                for key in steps])
+    failed, skipped = [], []
+    for key, finished_job in zip(steps, ended):
+        if finished_job is not None and finished_job.ok:
+            done[key] = jobs[key].record(read_results(jobs[key].cfg.out_dir), finished_job.seconds, ledger)
+        elif finished_job is not None:
+            failed.append((str(jobs[key].cfg.out_dir), finished_job.returncode))
+        elif key not in done:
+            skipped.append(str(planned(plan[key])[0].out_dir))
+    if failed:
+        raise RunsFailed(failed, skipped)
+    return done
 
 
 def add_launch_arguments(parser: argparse.ArgumentParser) -> None:
@@ -524,6 +554,8 @@ def main_with_clear_errors(main: Callable[[], None]) -> None:
         for out_dir, status in err.failed:
             print(f"error: the run of {out_dir} exited with status {status} (its lines above; --reuse resumes it)",
                   file=sys.stderr)
+        for out_dir in err.skipped:
+            print(f"error: the run of {out_dir} did not start: a run it waits for failed", file=sys.stderr)
         sys.exit(1)
 
 

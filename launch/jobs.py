@@ -1,8 +1,10 @@
-"""Run independent runs at the same time: as processes on this machine, or as tasks on a Ray cluster.
+"""Many runs at once: as processes on this machine, or as tasks on a Ray cluster.
 
 A job is one command that writes only to its own folder (``python sim.py <overrides>``), so jobs need
 nothing from each other while they run and their results are those of the same commands run one
 after another (a run's every random choice flows from its seed, not from where or when it runs).
+A job that needs another's results (a run continuing a shorter one) is a ``Step`` that comes after
+it: it starts as soon as that one has ended, while the jobs that need nothing keep the pool busy.
 
 ``Launcher(jobs=N)`` runs at most N jobs at once as child processes, each with its own share of this
 machine's cores. ``Launcher(jobs=N, cluster=ADDRESS)`` submits each job as a Ray task that reserves
@@ -19,6 +21,7 @@ from its checkpoint later.
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import signal
@@ -63,6 +66,68 @@ class Finished:
     def ok(self) -> bool:
         """Whether the command exited with status 0."""
         return self.returncode == 0
+
+
+@dataclass(frozen=True)
+class Step:
+    """A job that may have to wait for others.
+
+    make: gives the job when it may start (every step of ``after`` has ended), or None when nothing is
+        left to run by then (say, its results turned up); called in the launcher's own thread.
+    after: the positions, in the same list, of the steps whose jobs must end with status 0 first; each
+        comes before this step. A step after one that failed or was skipped is skipped.
+    """
+
+    make: Callable[[], Job | None]
+    after: tuple[int, ...] = ()
+
+
+class Schedule:
+    """Which steps of a list may start as the earlier ones end; ``outcomes`` says how each ended."""
+
+    def __init__(self, steps: Sequence[Step]) -> None:
+        for k, step in enumerate(steps):
+            if any(not 0 <= j < k for j in step.after):
+                raise ValueError(f"step {k} comes after {step.after}: each must be an earlier step")
+        self.steps = steps
+        self.waiting = list(range(len(steps)))
+        self.outcomes: dict[int, Finished | None] = {}  # None: nothing to run, or skipped
+        self.skipped: set[int] = set()
+
+    def ready(self, free: int) -> list[tuple[int, Job]]:
+        """Up to ``free`` jobs that may start now, the earliest steps first, each with its position."""
+        started: list[tuple[int, Job]] = []
+        for k in list(self.waiting):
+            if len(started) >= free:
+                break
+            after = self.steps[k].after
+            if any(self.failed(j) for j in after):
+                self.waiting.remove(k)
+                self.skipped.add(k)
+                self.outcomes[k] = None
+            elif all(j in self.outcomes for j in after):
+                self.waiting.remove(k)
+                job = self.steps[k].make()
+                if job is None:
+                    self.outcomes[k] = None
+                else:
+                    started.append((k, job))
+        return started
+
+    def failed(self, k: int) -> bool:
+        """Whether step ``k`` was skipped or its job ended with a status other than 0."""
+        outcome = self.outcomes.get(k)
+        return k in self.skipped or (outcome is not None and not outcome.ok)
+
+    def end(self, k: int, finished: Finished) -> None:
+        """Note that step ``k``'s job ended."""
+        self.outcomes[k] = finished
+
+    def results(self) -> list[Finished | None]:
+        """How each step ended, in the list's order (None: not run)."""
+        if self.waiting or len(self.outcomes) < len(self.steps):
+            raise RuntimeError("the schedule has steps that did not end")
+        return [self.outcomes[k] for k in range(len(self.steps))]
 
 
 @dataclass(frozen=True)
@@ -114,10 +179,25 @@ class Launcher:
             stream: TextIO | None = None) -> list[Finished]:
         """Run ``jobs`` (at most ``self.jobs`` at once) and return how each ended, in ``jobs``' order;
         ``done`` is called as each one ends. Lines go to ``stream`` (stdout), each with its job's name."""
+        ended = self.run_steps([Step(functools.partial(_given, job)) for job in jobs], done, stream)
+        return [finished for finished in ended if finished is not None]
+
+    def run_steps(self, steps: Sequence[Step], done: Callable[[Finished], None] | None = None,
+                  stream: TextIO | None = None) -> list[Finished | None]:
+        """``run`` for steps: each job starts once the steps it comes after have ended, the earliest
+        ready step first whenever a place is free; None for a step with nothing to run or skipped."""
+        schedule = Schedule(steps)
         out = stream if stream is not None else sys.stdout
         if self.cluster is not None:
-            return _ClusterRun(self, out).run(jobs, done)
-        return _LocalRun(self, out).run(jobs, done)
+            _ClusterRun(self, out).run(schedule, done)
+        else:
+            _LocalRun(self, out).run(schedule, done)
+        return schedule.results()
+
+
+def _given(job: Job) -> Job:
+    """The job itself: the ``make`` of a step whose job is known from the start."""
+    return job
 
 
 def _echo(name: str, lines: Any, stream: TextIO, lock: threading.Lock,
@@ -163,25 +243,27 @@ class _LocalRun:
         self.stopping.set()
         _stop_all(list(self.running.values()))
 
-    def run(self, jobs: Sequence[Job], done: Callable[[Finished], None] | None) -> list[Finished]:
-        """Run the jobs in a pool of ``launcher.jobs`` threads, each waiting on one child."""
-        results: dict[int, Finished] = {}
+    def run(self, schedule: Schedule, done: Callable[[Finished], None] | None) -> None:
+        """Run the schedule's jobs in a pool of ``launcher.jobs`` threads, each waiting on one child."""
+        running: dict[Future[Finished], int] = {}
         with ThreadPoolExecutor(max_workers=self.launcher.jobs) as pool:
-            futures: dict[Future[Finished], int] = {pool.submit(self.one, job): k for k, job in enumerate(jobs)}
-            pending = set(futures)
             try:
-                while pending:
-                    finished, pending = wait(pending, return_when=FIRST_COMPLETED)
+                while True:
+                    with self.lock:  # what a step prints while it is made never splits a job's line
+                        ready = schedule.ready(self.launcher.jobs - len(running))
+                    running.update({pool.submit(self.one, job): k for k, job in ready})
+                    if not running:
+                        return
+                    finished, _ = wait(running, return_when=FIRST_COMPLETED)
                     for future in finished:
-                        results[futures[future]] = future.result()
+                        schedule.end(running.pop(future), future.result())
                         if done is not None:
-                            done(results[futures[future]])
+                            done(future.result())
             except BaseException:
-                for future in pending:
+                for future in running:
                     future.cancel()
                 self.stop()
                 raise
-        return [results[k] for k in range(len(jobs))]
 
 
 def _start(job: Job, env: dict[str, str] | None = None) -> subprocess.Popen[str]:
@@ -243,7 +325,7 @@ class _ClusterRun:
         self.launcher = launcher
         self.stream = stream
 
-    def run(self, jobs: Sequence[Job], done: Callable[[Finished], None] | None) -> list[Finished]:
+    def run(self, schedule: Schedule, done: Callable[[Finished], None] | None) -> None:
         """Submit at most ``launcher.jobs`` tasks at a time; collect each as it ends."""
         import ray
 
@@ -253,25 +335,24 @@ class _ClusterRun:
         ray.init(address=self.launcher.cluster, include_dashboard=False, logging_level=logging.ERROR,
                  log_to_driver=True)
         task = ray.remote(num_cpus=self.launcher.cpus(), max_retries=0)(_run_on_node)
-        results: dict[int, Finished] = {}
-        queue = list(enumerate(jobs))
-        running: dict[Any, int] = {}
+        running: dict[Any, tuple[int, Job]] = {}
         try:
-            while queue or running:
-                while queue and len(running) < self.launcher.jobs:
-                    k, job = queue.pop(0)
+            while True:
+                for k, job in schedule.ready(self.launcher.jobs - len(running)):
                     self.stream.write(f"[{job.name}] submitted to the cluster: {' '.join(job.argv[1:])}\n")
                     self.stream.flush()
-                    running[task.remote(job)] = k
+                    running[task.remote(job)] = (k, job)
+                if not running:
+                    return
                 ready, _ = ray.wait(list(running), num_returns=1)
-                k = running.pop(ready[0])
+                k, job = running.pop(ready[0])
                 returncode, seconds, node = ray.get(ready[0])
-                self.stream.write(f"[{jobs[k].name}] ended with status {returncode} on node {node}\n")
-                results[k] = Finished(jobs[k], returncode, seconds)
+                self.stream.write(f"[{job.name}] ended with status {returncode} on node {node}\n")
+                ended = Finished(job, returncode, seconds)
+                schedule.end(k, ended)
                 if done is not None:
-                    done(results[k])
+                    done(ended)
         finally:
             for ref in running:
                 ray.cancel(ref)
             ray.shutdown()
-        return [results[k] for k in range(len(jobs))]

@@ -12,6 +12,7 @@ import importlib.util
 import json
 import shutil
 import sys
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -388,6 +389,12 @@ def test_a_field_run_extends_its_finished_run_at_a_smaller_budget_when_its_strat
     assert runs.extending(plan("fedavg", 90), [plan("fedavg", 60), plan("fedavg", 30)]) == [*plan("fedavg", 90), source]
     assert runs.extending(plan("fednoro", 90), [plan("fednoro", 30)]) == plan("fednoro", 90)
     assert "runs from round 0: extend_from=" in capsys.readouterr().out
+    # A finished run that continued another cannot be continued in turn: the next shorter one is.
+    middle = runs.resolved_config(plan("fedavg", 60))
+    leave_unfinished(Path(middle["out_dir"]), middle, (20,), lineage=store.record().lineage.child(10))
+    Path(middle["out_dir"], "results.json").write_text(json.dumps({**payload, "config": middle}))
+    assert runs.extending(plan("fedavg", 90), [plan("fedavg", 60), plan("fedavg", 30)]) == [*plan("fedavg", 90), source]
+    assert f"does not continue {middle['out_dir']}: that run took rounds from another" in capsys.readouterr().out
     # A run that has started keeps how it started: from round 0, or from the shorter run.
     longer = runs.resolved_config(plan("fedavg", 90))
     leave_unfinished(Path(longer["out_dir"]), longer, (20,))
@@ -813,31 +820,127 @@ def test_the_field_report_says_which_commits_its_runs_were_made_at():
     assert field_bench.made_at([None]) == "no run has finished"
 
 
+def leave_finished_field_run(config: dict, lineage: Lineage | None = None) -> dict:
+    """What a finished smoke run of ``config`` leaves: budget / 3 rounds (3 clients a round), its run.json
+    and last checkpoint (so a longer run can continue it), a FedCorr stage-2 checkpoint (round 35, so
+    another run can take its stages 1-2 over) and results.json; returns the payload."""
+    last = config["comm_budget"] // 3
+    store = CheckpointStore(config["out_dir"])
+    store.write_record(RunRecord(config, lineage or Lineage.fresh()))
+    (store.dir / f"round-{last:07d}.ckpt").write_bytes(b"")
+    (store.dir / "round-0000035-stage.ckpt").write_bytes(b"")
+    summary = {"best_acc": 0.8, "final_acc": 0.7, "last10_mean_acc": 0.7}
+    rounds = [{"round": r, "test_acc": 0.7, "comm_cost": 3 * r, "elapsed_s": r} for r in range(1, last + 1)]
+    payload = {"complete": True, "config": config, "summary": summary, "rounds": rounds,
+               "provenance": [{"git": {"commit": "7c69eab30de8", "dirty": False}}]}
+    Path(config["out_dir"], "results.json").write_text(json.dumps(payload))
+    return payload
+
+
+def field_argv(tmp_path: Path, *extra: str, budgets: tuple[str, ...] = ("90", "30")) -> list[str]:
+    return ["bench/field_fmnist.py", "--experiment", "smoke", "--cells", "corr-iid", "--seeds", "1", "--more-seeds",
+            "--budget", *budgets, "--outputs", str(tmp_path), *extra]
+
+
 def test_the_field_runs_each_budget_in_turn_the_smaller_first_and_the_longer_run_continues_it(
         tmp_path, monkeypatch, capsys):
     calls: list[tuple[int, str | None]] = []
 
-    def fake_run(cfg, overrides):  # a finished run of budget / 3 rounds (smoke: 3 clients a round)
+    def fake_run(cfg, overrides):
         config = OmegaConf.to_container(cfg, resolve=True)
         calls.append((config["comm_budget"], config.get("extend_from")))
-        last = config["comm_budget"] // 3
-        store = CheckpointStore(config["out_dir"])
-        store.write_record(RunRecord(config, Lineage.fresh()))
-        (store.dir / f"round-{last:07d}.ckpt").write_bytes(b"")
-        summary = {"best_acc": 0.8, "final_acc": 0.7, "last10_mean_acc": 0.7}
-        rounds = [{"round": r, "test_acc": 0.7, "comm_cost": 3 * r, "elapsed_s": r} for r in range(1, last + 1)]
-        payload = {"complete": True, "config": config, "summary": summary, "rounds": rounds,
-                   "provenance": [{"git": {"commit": "7c69eab30de8", "dirty": False}}]}
-        Path(config["out_dir"], "results.json").write_text(json.dumps(payload))
-        return payload
+        return leave_finished_field_run(config)
 
     monkeypatch.setattr(runs.sim, "run", fake_run)
-    monkeypatch.setattr(sys, "argv", ["bench/field_fmnist.py", "--experiment", "smoke", "--cells", "corr-iid",
-                                      "--columns", "fedavg", "--seeds", "1", "--more-seeds", "--budget", "90", "30",
-                                      "--outputs", str(tmp_path)])
+    monkeypatch.setattr(sys, "argv", field_argv(tmp_path, "--columns", "fedavg"))
     field_bench.main()
     shorter = tmp_path / "bench-field" / "smoke-budget30" / "corr-iid" / "seed1" / "fedavg"
     assert calls == [(30, None), (90, str(shorter))]
     out = capsys.readouterr().out
     assert out.index("at comm_budget=30 ") < out.index("at comm_budget=90 ")
     assert out.count("runs made at commit 7c69eab (1)") == 2
+
+
+def test_with_several_budgets_a_fedcorr_column_that_took_stages_12_over_takes_them_over_again(tmp_path, monkeypatch):
+    calls: list[tuple] = []
+
+    def fake_run(cfg, overrides):
+        config = OmegaConf.to_container(cfg, resolve=True)
+        source, extended = config["strategy"].get("stages12_from"), config.get("extend_from")
+        calls.append((config["comm_budget"], config["strategy"]["stage3"], source, extended))
+        parent = source or extended
+        return leave_finished_field_run(config, CheckpointStore(parent).record().lineage.child(35) if parent else None)
+
+    monkeypatch.setattr(runs.sim, "run", fake_run)
+    monkeypatch.setattr(sys, "argv", field_argv(tmp_path, "--columns", "fedcorr", "fedcorr+poc", budgets=("60", "75")))
+    field_bench.main()
+    plain = str(tmp_path / "bench-field" / "smoke-budget60" / "corr-iid" / "seed1" / "fedcorr")
+    # The shorter FedCorr+PoC run took rounds from another run, so it cannot be continued.
+    assert calls == [(60, "fedavg", None, None), (60, "poc", plain, None), (75, "fedavg", None, plain),
+                     (75, "poc", plain, None)]
+
+
+@pytest.fixture
+def field_jobs(monkeypatch):
+    """The launcher's local pool with each job run in its own thread by a stand-in for the ``sim.py``
+    process (``leave_finished_field_run``, or exit status 1 for the (budget, column) pairs put in
+    ``fail``). It notes each start and end as (event, budget, column, extend_from). The job of 30
+    participations of FedProx ends only once a 90 run has started (or after 10 s): a pool that waits
+    for every shorter run before the first longer one would keep it the whole 10 s."""
+    jobs_module = sys.modules["launch.jobs"]
+    events: list[tuple[str, int, str, str | None]] = []
+    fail: set[tuple[int, str]] = set()
+    longer_started = threading.Event()
+
+    def one(self, job):
+        with self.lock:  # composing a config is not thread-safe; the pool makes its steps under this lock
+            config = runs.resolved_config(list(job.argv[2:]))
+            what = (config["comm_budget"], config["strategy"]["name"], config.get("extend_from"))
+            events.append(("start", *what))
+        if what[0] == 90:
+            longer_started.set()
+        if what[:2] == (30, "fedprox"):
+            longer_started.wait(timeout=10)
+        if what[:2] not in fail:
+            leave_finished_field_run(config)
+        with self.lock:
+            events.append(("end", *what))
+        return jobs_module.Finished(job, 1 if what[:2] in fail else 0, 1.0)
+
+    monkeypatch.setattr(jobs_module._LocalRun, "one", one)
+    return events, fail
+
+
+def test_with_jobs_a_longer_run_starts_as_soon_as_its_shorter_run_ended_and_continues_it(
+        tmp_path, monkeypatch, field_jobs, capsys):
+    events, _ = field_jobs
+    monkeypatch.setattr(sys, "argv", field_argv(tmp_path, "--columns", "fedavg", "fedprox", "--jobs", "2"))
+    field_bench.main()
+    folder = tmp_path / "bench-field" / "smoke-budget30" / "corr-iid" / "seed1"
+    starts = [event[1:] for event in events if event[0] == "start"]
+    assert starts == [(30, "fedavg", None), (30, "fedprox", None), (90, "fedavg", str(folder / "fedavg")),
+                      (90, "fedprox", str(folder / "fedprox"))]
+    # Each longer run starts after its own shorter run ended, and 90 FedAvg before 30 FedProx ended.
+    for budget, column, extend_from in starts[2:]:
+        assert events.index(("end", 30, column, None)) < events.index(("start", budget, column, extend_from))
+    assert events.index(("start", 90, "fedavg", str(folder / "fedavg"))) < events.index(("end", 30, "fedprox", None))
+    out = capsys.readouterr().out
+    assert out.index("at comm_budget=30 ") < out.index("at comm_budget=90 ")
+    assert "time saved: " in out
+
+
+def test_with_jobs_a_failed_run_stops_only_the_runs_that_wait_for_it(tmp_path, monkeypatch, field_jobs, capsys):
+    events, fail = field_jobs
+    fail.add((30, "fedprox"))
+    monkeypatch.setattr(sys, "argv", field_argv(tmp_path, "--columns", "fedavg", "fedprox", "--jobs", "2"))
+    with pytest.raises(SystemExit) as stop:
+        runs.main_with_clear_errors(field_bench.main)
+    assert stop.value.code == 1
+    folder = tmp_path / "bench-field"
+    assert [event[1:3] for event in events if event[0] == "start"] == [(30, "fedavg"), (30, "fedprox"), (90, "fedavg")]
+    assert capsys.readouterr().err.splitlines() == [
+        f"error: the run of {folder / 'smoke-budget30/corr-iid/seed1/fedprox'} exited with status 1 "
+        "(its lines above; --reuse resumes it)",
+        f"error: the run of {folder / 'smoke-budget90/corr-iid/seed1/fedprox'} did not start: "
+        "a run it waits for failed"]
+    assert (folder / "smoke-budget90/corr-iid/seed1/fedavg/results.json").exists()

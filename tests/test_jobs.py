@@ -1,6 +1,7 @@
 """How runs are launched at the same time (launch.jobs, sim.py's --jobs/--cluster/--job-cpus) and how a
 cluster address is declared (simulation.ray_address), without starting a process or Ray: the flags
-and their refusals, each job's command, and what a simulated client on another node reads."""
+and their refusals, each job's command, which steps of a plan may start as others end, and what a
+simulated client on another node reads."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import pytest
 
 import sim
 from common.errors import ConfigError
-from launch.jobs import Launcher
+from launch.jobs import Finished, Job, Launcher, Schedule, Step
 from settings.compose import compose_config
 from settings.run import RayAddress, anchored, run_settings
 
@@ -132,3 +133,48 @@ def test_the_swept_keys_are_those_whose_values_differ_between_the_jobs():
              ["experiment=smoke", "seed=1", "strategy=fedprox", "noise.rho=0.4"]]
     assert sim.swept_keys(words) == {"seed", "strategy"}
     assert sim.swept_keys([["seed=1"]]) == set() and sim.swept_keys([]) == set()
+
+
+def _schedule_of(after: list[tuple[int, ...]], nothing: frozenset[int] = frozenset()):
+    """A schedule of steps whose jobs are named by their position; the steps of ``nothing`` have nothing to run.
+    Returns it and the positions whose ``make`` was called, in order."""
+    made: list[int] = []
+
+    def make(k: int) -> Job | None:
+        made.append(k)
+        return None if k in nothing else Job(str(k), ("true",))
+
+    steps = [Step(lambda k=k: make(k), needs) for k, needs in enumerate(after)]
+    return Schedule(steps), made
+
+
+def test_a_step_starts_once_the_steps_it_comes_after_ended_the_earliest_ready_first():
+    schedule, made = _schedule_of([(), (), (0,), ()])
+    assert [k for k, _ in schedule.ready(2)] == [0, 1]
+    assert schedule.ready(0) == []
+    schedule.end(1, Finished(Job("1", ("true",)), 0, 1.0))
+    assert [k for k, _ in schedule.ready(1)] == [3], "step 2 waits for step 0; step 3 needs nothing"
+    schedule.end(0, Finished(Job("0", ("true",)), 0, 1.0))
+    assert [(k, job.name) for k, job in schedule.ready(2)] == [(2, "2")]
+    assert made == [0, 1, 3, 2], "a step's job is made only when it may start"
+
+
+def test_a_step_after_a_failed_or_skipped_one_is_skipped_and_one_with_nothing_to_run_lets_the_next_start():
+    schedule, made = _schedule_of([(), (0,), (1,), (), (3,)], nothing=frozenset({3}))
+    assert [k for k, _ in schedule.ready(5)] == [0, 4], "step 3 had nothing to run, so step 4 may start"
+    schedule.end(0, Finished(Job("0", ("false",)), 1, 1.0))
+    schedule.end(4, Finished(Job("4", ("true",)), 0, 1.0))
+    assert schedule.ready(5) == []
+    assert made == [0, 3, 4]
+    ended = schedule.results()
+    assert [None if outcome is None else outcome.returncode for outcome in ended] == [1, None, None, None, 0]
+    assert schedule.skipped == {1, 2}
+
+
+def test_a_step_may_come_only_after_earlier_steps_and_results_wait_for_every_step():
+    with pytest.raises(ValueError, match="each must be an earlier step"):
+        Schedule([Step(lambda: None, (1,)), Step(lambda: None)])
+    schedule, _ = _schedule_of([(), ()])
+    schedule.ready(1)
+    with pytest.raises(RuntimeError, match="did not end"):
+        schedule.results()
