@@ -7,7 +7,8 @@ plug-in's own queries are registered here from the plug-in registry.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 
 from flwr.app import ArrayRecord, Context, Message
 from flwr.clientapp import ClientApp
@@ -16,7 +17,7 @@ from client.label_state import current_labels
 from client.node import LocalNode, load_node, sends_ground_truth, simulated_federation_size
 from client.plugins.base import QueryHandler
 from client.plugins.registry import plugin, plugins
-from client.state_store import answered_round, enter, mark_answered, state_root
+from client.state_store import enter, held_round, mark_answered, state_root
 from client.update import cpu_state
 from protocol.messages import SERVER, HeldState, NodeInfo, TrainIns, read_arrays, read_instruction, reply
 from task.evaluation import evaluate as evaluate_model
@@ -25,12 +26,19 @@ app = ClientApp()
 
 
 def node_for(message: Message, context: Context) -> LocalNode:
-    """The node's view of the run, with the instruction's state scope entered (``client.state_store``)
-    and the round recorded as one the node answered in."""
+    """The node's view of the run, with the instruction's state scope entered (``client.state_store``)."""
     node = load_node(context)
     enter(context, message.content, node.settings.out_dir)
-    mark_answered(context, node.partition_id)
     return node
+
+
+@contextmanager
+def answering(message: Message, context: Context) -> Iterator[LocalNode]:
+    """``node_for``; once the work in the block is done, the round is recorded as one the node answered
+    in, with the version of each record it holds then (``mark_answered``; not when the work failed)."""
+    node = node_for(message, context)
+    yield node
+    mark_answered(context, node.partition_id)
 
 
 @app.query("info")
@@ -48,29 +56,28 @@ def info(message: Message, context: Context) -> Message:
 def held(message: Message, context: Context) -> Message:
     """Before a run continues from a checkpoint: the last round, up to that checkpoint, this node's
     state says it answered in (the server refuses to go on when a node lost state it had)."""
-    node = load_node(context)
-    enter(context, message.content, node.settings.out_dir)
-    return Message(reply(HeldState(answered_round(context, node.partition_id))), reply_to=message)
+    node = node_for(message, context)
+    return Message(reply(HeldState(held_round(context, node.partition_id))), reply_to=message)
 
 
 @app.train()
 def train(message: Message, context: Context) -> Message:
     """Train with the plug-in the instruction names, from the global arrays, on the current labels."""
-    node = node_for(message, context)
-    ins = read_instruction(message.content, TrainIns)
-    trained = plugin(ins.plugin).train(node, context, ins, message.content)
+    with answering(message, context) as node:
+        ins = read_instruction(message.content, TrainIns)
+        trained = plugin(ins.plugin).train(node, context, ins, message.content)
     content = reply(trained.stats, arrays=ArrayRecord(cpu_state(trained.model)), extra=trained.extra,
                     plugin_arrays=trained.arrays, plugin=ins.plugin)
     return Message(content, reply_to=message)
 
 
 def _local_scores(message: Message, context: Context) -> Message:
-    node = node_for(message, context)
-    state = read_arrays(message.content, SERVER).to_torch_state_dict()
-    model = node.model_for_state(state.keys())
-    model.load_state_dict(state)
-    scores = evaluate_model(model, node.data.images, current_labels(context, node), node.eval_transform,
-                            device=node.device)
+    with answering(message, context) as node:
+        state = read_arrays(message.content, SERVER).to_torch_state_dict()
+        model = node.model_for_state(state.keys())
+        model.load_state_dict(state)
+        scores = evaluate_model(model, node.data.images, current_labels(context, node), node.eval_transform,
+                                device=node.device)
     return Message(reply(scores), reply_to=message)
 
 
@@ -88,7 +95,9 @@ def loss(message: Message, context: Context) -> Message:
 
 def _query(handler: QueryHandler) -> Callable[[Message, Context], Message]:
     def handle(message: Message, context: Context) -> Message:
-        return Message(handler(node_for(message, context), context, message.content), reply_to=message)
+        with answering(message, context) as node:
+            content = handler(node, context, message.content)
+        return Message(content, reply_to=message)
 
     handle.__doc__ = handler.__doc__
     return handle

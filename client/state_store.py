@@ -38,8 +38,11 @@ from protocol.node_state import SIMULATION_STATE_DIR, run_folder
 
 STATE_DIR_KEY = "state-dir"
 ANSWERED_KEY = "answered"
-"""The record of the last round the node handled an instruction in: what ``query.held`` reads back, so
-the server can tell a node that kept its state from one whose state folder lost it."""
+"""The record of the last round the node handled an instruction in, and of the version each other
+record had then: what ``query.held`` reads back, so the server can tell a node that kept its state
+from one whose state folder lost all or part of it."""
+_HOLDS = "holds."
+"""Prefix of an ``answered`` entry: the round of the version a record had when the node answered."""
 _ENTERED = "state-scope"
 """``context.state`` record: the scope (and state folder) of the instruction being handled."""
 _ROOT = "root"
@@ -125,22 +128,24 @@ def _newest(folder: Path, resumed_at: tuple[int, ...], at_most: int | None = Non
     return admitted_here[-1] if admitted_here else None
 
 
+def _seen(root: Path, scope: StateScope, key: str, partition_id: int) -> Version | None:
+    """The version of ``key`` the scope reads: this run's newest it admits, else the parent's newest up
+    to its checkpoint."""
+    own = _newest(run_folder(root, scope.run, partition_id) / key, scope.resumed_at)
+    if own is not None or not scope.parent:
+        return own
+    return _newest(run_folder(root, scope.parent, partition_id) / key, scope.parent_resumed_at,
+                   at_most=scope.parent_round)
+
+
 def load_record(context: Context, key: str, partition_id: int) -> ArrayRecord | None:
     """The record under ``key`` as the current instruction's scope sees it; None before it was first
     saved."""
     entered = _entered(context)
     if entered is None:
         return context.state.array_records.get(key)
-    root, scope = entered
-    own = _newest(run_folder(root, scope.run, partition_id) / key, scope.resumed_at)
-    if own is not None:
-        return _read(own)
-    if scope.parent:
-        inherited = _newest(run_folder(root, scope.parent, partition_id) / key, scope.parent_resumed_at,
-                            at_most=scope.parent_round)
-        if inherited is not None:
-            return _read(inherited)
-    return None
+    version = _seen(*entered, key, partition_id)
+    return None if version is None else _read(version)
 
 
 def save_record(context: Context, key: str, partition_id: int, record: ArrayRecord) -> None:
@@ -176,19 +181,42 @@ def prune(folder: Path, scope: StateScope) -> None:
 
 
 def mark_answered(context: Context, partition_id: int) -> None:
-    """Record that the node handles an instruction of the current scope's round (nothing without a
-    scope: such a node keeps no state a later attempt could miss)."""
+    """Record that the node handled an instruction of the current scope's round, and the round of the
+    version of each other record the scope reads then (nothing without a scope: such a node keeps no
+    state a later attempt could miss)."""
     entered = _entered(context)
-    if entered is not None:
-        save_record(context, ANSWERED_KEY, partition_id,
-                    ArrayRecord({"round": Array(np.array([entered[1].round], dtype=np.int64))}))
+    if entered is None:
+        return
+    root, scope = entered
+    runs = [scope.run, *([scope.parent] if scope.parent else [])]
+    keys = {path.name for run in runs for path in run_folder(root, run, partition_id).glob("*") if path.is_dir()}
+    held = {key: _seen(root, scope, key, partition_id) for key in sorted(keys - {ANSWERED_KEY})}
+    save_record(context, ANSWERED_KEY, partition_id, ArrayRecord({
+        "round": _round_array(scope.round),
+        **{f"{_HOLDS}{key}": _round_array(version.round) for key, version in held.items() if version is not None}}))
 
 
-def answered_round(context: Context, partition_id: int) -> int:
-    """The last round the entered scope sees the node answer in (this run's versions it admits, else
-    the parent's up to its checkpoint); 0 when it sees none."""
+def _round_array(server_round: int) -> Array:
+    return Array(np.array([server_round], dtype=np.int64))
+
+
+def held_round(context: Context, partition_id: int) -> int:
+    """The last round up to which the entered scope sees the node's state whole: the last round it
+    answered in (this run's versions it admits, else the parent's up to its checkpoint), or, when a
+    record it held then has lost that version since (a state folder emptied, moved or partly deleted),
+    the round of the version left of it (0: none); 0 when it sees no answer."""
     record = load_record(context, ANSWERED_KEY, partition_id)
-    return 0 if record is None else int(record["round"].numpy()[0])
+    if record is None:
+        return 0
+    held = int(record["round"].numpy()[0])
+    entered = _entered(context)
+    for name in record:
+        if entered is not None and name.startswith(_HOLDS):
+            version = _seen(*entered, name.removeprefix(_HOLDS), partition_id)
+            left = 0 if version is None else version.round
+            if left < int(record[name].numpy()[0]):
+                held = min(held, left)
+    return held
 
 
 def load_parameter_arrays(context: Context, key: str, partition_id: int,

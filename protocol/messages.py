@@ -80,8 +80,9 @@ class NodeInfo:
 class HeldState:
     """Reply to ``query.held``, asked of every node before a run continues from a checkpoint: the
     last round the node answered an instruction of that run (or of the run it continues) in, as far
-    as the state it keeps for the instruction's scope says; 0 when it keeps none (a state folder
-    emptied, moved, or another than the one it ran with)."""
+    as the state it keeps for the instruction's scope says; earlier when a record it held then has
+    lost that version since (the round of the version left, 0 for none); 0 when it keeps none (a
+    state folder emptied, moved, or another than the one it ran with)."""
 
     answered: int
 

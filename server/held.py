@@ -1,11 +1,12 @@
 """Before a run continues from a checkpoint (a resume, ``extend_from``, ``strategy.stages12_from``):
 every node must still hold the state it had there.
 
-A node records each round it handles an instruction in as part of its state (``client.state_store``),
-and the server's run log records each partition's last good reply (``RunLog.answered``), which the
-checkpoint keeps. A ``query.held`` under the continuing run's scope asks every node for the last such
-round its state admits. A node that answers an earlier round than the checkpoint records has lost
-state it had: its state folder was emptied or moved, or it was started with another one. It would
+A node records each round it handles an instruction in as part of its state, with the version each
+other record of its state had then (``client.state_store``), and the server's run log records each
+partition's last good reply (``RunLog.answered``), which the checkpoint keeps. A ``query.held`` under
+the continuing run's scope asks every node for the last such round its state admits whole. A node
+that answers an earlier round than the checkpoint records has lost state it had: its state folder
+was emptied, moved or partly deleted, or it was started with another one. It would
 start over from its own labels and the run would go on silently on the wrong state, so the run is
 refused before any work.
 """

@@ -10,6 +10,7 @@ import csv
 import json
 import pickle
 import shutil
+from collections import Counter
 from dataclasses import fields, is_dataclass
 from pathlib import Path
 from typing import Any
@@ -354,6 +355,16 @@ def test_a_continued_run_is_refused_before_any_work_when_a_node_lost_the_state_i
     older = min(pid for pid in rounds[1]["clients"] if answered[pid] == 4 and pid not in rounds[2]["clients"])
     lose_state(tmp_path / "run", older, after=2)
     assert f"{older} (answered in round 4, keeps state up to round 2)" in refused(
+        "run", f"{overrides} resume=true", "resume=True")
+    # So is a node that lost one record and kept the rest: the correction term of the one round it trained
+    # in gone, its answer whole (the answer lists the correction's version because it is recorded once the
+    # round's work is done, not before the node's first version was written).
+    trained = Counter(pid for row in rounds for pid in row["clients"])
+    partial = min(pid for pid in answered if trained[pid] == 1 and pid not in (lost, older))
+    for version in (tmp_path / "run" / "client_state").glob(f"run-*/partition-{partial}/feddyn-correction/*.npz"):
+        version.unlink()
+    assert list((tmp_path / "run" / "client_state").glob(f"run-*/partition-{partial}/answered/*.npz"))
+    assert f"{partial} (answered in round {answered[partial]}, keeps state up to round 0)" in refused(
         "run", f"{overrides} resume=true", "resume=True")
     # So is a run that extends another whose nodes lost theirs.
     run_at("strategy=feddyn comm_budget=9", "short")
