@@ -296,16 +296,17 @@ def obtain(args: argparse.Namespace, plans: dict[int, dict[Key, list[str]]], led
     # Seed 1 of every cell first, so each cell's first row is complete early; within a cell and seed
     # the smaller budget first, so a longer run is ready before the next cell's runs.
     order = sorted(runs, key=lambda run: (run[3], args.cells.index(run[1]), run[0], args.columns.index(run[2])))
+    planned_smaller = {budget: [b for b in plans if b < budget] for budget in plans}
+    smaller = {budget: sorted({*shorter_budgets(args.outputs, args.experiment, budget), *planned_smaller[budget]},
+                              reverse=True) for budget in plans}
     shorter: dict[Run, list[list[str]]] = {}
     extends: dict[Run, Run] = {}
     for budget, cell, column, seed in runs:
-        smaller = sorted({*shorter_budgets(args.outputs, args.experiment, budget), *(b for b in plans if b < budget)},
-                         reverse=True)
         shorter[(budget, cell, column, seed)] = [cell_run(cell, column, seed, other, args.experiment, args.overrides,
-                                                          args.outputs) for other in smaller]
+                                                          args.outputs) for other in smaller[budget]]
         # The smallest budget's run: a run that continued another cannot be continued in turn.
-        if planned_smaller := [b for b in plans if b < budget]:
-            extends[(budget, cell, column, seed)] = (min(planned_smaller), cell, column, seed)
+        if planned_smaller[budget]:
+            extends[(budget, cell, column, seed)] = (min(planned_smaller[budget]), cell, column, seed)
     done = run_plan(runs, order, args.reuse, ledger, launcher, shorter, extends)
     return {budget: {(cell, column, seed): done[(budget, cell, column, seed)] for cell, column, seed in planned}
             for budget, planned in plans.items()}

@@ -210,8 +210,10 @@ def held_round(context: Context, partition_id: int) -> int:
         return 0
     held = int(record["round"].numpy()[0])
     entered = _entered(context)
+    if entered is None:  # state in memory only: nothing on disk could have been lost
+        return held
     for name in record:
-        if entered is not None and name.startswith(_HOLDS):
+        if name.startswith(_HOLDS):
             version = _seen(*entered, name.removeprefix(_HOLDS), partition_id)
             left = 0 if version is None else version.round
             if left < int(record[name].numpy()[0]):
