@@ -261,14 +261,34 @@ def inheritable(out_dir: str, checkpoint_round: int) -> bool:
     return record is not None and not record.lineage.parent and store.at(checkpoint_round) is not None
 
 
+def stages12_origin(out_dir: str) -> str:
+    """The folder of the run that computed the stages 1-2 of the run in ``out_dir``: that run itself,
+    or, for one that continued a shorter run (``extend_from``) or took its stages 1-2 over
+    (``stages12_from``), the run it started from, followed back to one that started from round 0."""
+    folder, seen = out_dir, set()
+    while folder not in seen:
+        seen.add(folder)
+        record = CheckpointStore(folder).record()
+        if record is None or not record.lineage.parent:
+            return folder
+        began = record.config.get(EXTEND_FROM) or (record.config.get("strategy") or {}).get("stages12_from")
+        if began is None:
+            return folder
+        folder = str(began)
+    return folder
+
+
 def inheriting(overrides: list[str], source_overrides: list[str]) -> list[str]:
     """A run's overrides taking stages 1-2 over from the planned run of ``source_overrides`` when that
-    run (finished or not) kept its stage-2 checkpoint; else the run's own overrides, and a line saying so."""
+    run (finished or not) kept its stage-2 checkpoint. A source that continued a shorter run, or took
+    its stages 1-2 over, holds no such checkpoint: the run it started from does (``stages12_origin``).
+    Else the run's own overrides, and a line saying so."""
     source = str(planned(source_overrides)[0].out_dir)
+    origin = stages12_origin(source)
     checkpoint_round = stage2_round(overrides)
-    if inheritable(source, checkpoint_round):
-        return [*overrides, f"{STAGES12_FROM}={source}"]
-    print(f"{planned(overrides)[0].out_dir} runs its own stages 1-2: {source} holds no checkpoint of round "
+    if inheritable(origin, checkpoint_round):
+        return [*overrides, f"{STAGES12_FROM}={origin}"]
+    print(f"{planned(overrides)[0].out_dir} runs its own stages 1-2: {origin} holds no checkpoint of round "
           f"{checkpoint_round} from stages 1-2 it ran itself (a run made before checkpoints, or one that took "
           f"them over)", flush=True)
     return overrides

@@ -327,6 +327,26 @@ def test_a_run_takes_stages_12_only_from_a_run_that_kept_its_own_stage_2_checkpo
     assert "runs its own stages 1-2" in capsys.readouterr().out
 
 
+def test_a_source_that_continued_a_shorter_run_passes_on_that_runs_stages_12(tmp_path, capsys):
+    # --budget 90 alone, with the 60 runs on disk: the plain FedCorr run at 90 continued its 60 run,
+    # so its folder holds no stage-2 checkpoint; the 60 run, which did its stages 1-2 itself, does.
+    plan = fedcorr_plan(tmp_path, {"plain": ["comm_budget=90"], "poc": ["strategy.stage3=poc", "comm_budget=90"],
+                                   "plain60": []})
+    shorter = leave_unfinished(tmp_path / "plain60", runs.resolved_config(plan["plain60"]), (30, 60))
+    (shorter.dir / "round-0000035-stage.ckpt").write_bytes(b"")
+    longer = runs.resolved_config([*plan["plain"], f"extend_from={tmp_path / 'plain60'}"])
+    leave_unfinished(tmp_path / "plain", longer, (70,), lineage=shorter.record().lineage.child(60))
+    assert runs.stages12_origin(str(tmp_path / "plain")) == str(tmp_path / "plain60")
+    taken = runs.inheriting(plan["poc"], plan["plain"])
+    assert taken == [*plan["poc"], f"strategy.stages12_from={tmp_path / 'plain60'}"]
+    runs.load_run(runs.planned(taken)[0])  # the server's check_start accepts that run as the source
+    assert "runs its own stages 1-2" not in capsys.readouterr().out
+    # Without the shorter run's stage-2 checkpoint the run does its own stages 1-2, and says where it looked.
+    (shorter.dir / "round-0000035-stage.ckpt").unlink()
+    assert runs.inheriting(plan["poc"], plan["plain"]) == plan["poc"]
+    assert f"{tmp_path / 'plain60'} holds no checkpoint of round 35" in capsys.readouterr().out
+
+
 def test_run_plan_runs_the_source_first_and_the_others_take_its_stages_12_over(tmp_path, simulations, capsys):
     plan = fedcorr_plan(tmp_path, {"poc": ["strategy.stage3=poc"], "plain": [], "dyn": ["strategy.stage3=feddyn"]})
     ledger = runs.Ledger()
