@@ -71,6 +71,7 @@ from runs import (
 # Imported after runs, which puts the project root ahead of bench/ (whose data.py is not our package).
 from data.sources.fashion_mnist import CLASSES as FASHION_MNIST_CLASSES  # noqa: E402
 from launch.jobs import Launcher  # noqa: E402
+from reports.tables import fixed_width_lines, markdown_lines  # noqa: E402
 from strategies.fedcorr import stage3_classes  # noqa: E402
 
 COLUMNS = ("fedavg", "fedprox", "fedcorr", "fedlsr", "fednoro", "feddiv", "feddiv_code", "fedes")
@@ -148,24 +149,28 @@ def class_recall(payload: dict[str, Any] | None) -> list[float] | None:
     return [row[k] / max(sum(row), 1) for k, row in enumerate(counts)]
 
 
-def recall_lines(columns: list[str], payloads: dict[str, list[dict[str, Any] | None]], width: int) -> list[str]:
+Table = tuple[list[str], list[list[str]]]
+"""A table's header and rows, each a list of cells."""
+
+
+def recall_table(columns: list[str], payloads: dict[str, list[dict[str, Any] | None]]) -> Table | None:
     """The final per-class recall (%, mean ± std over each column's finished runs) of a cell, a class
-    per column, and each method's weakest class: where an accuracy's few points are lost."""
+    per column, and each method's weakest class: where an accuracy's few points are lost. None where
+    no finished run has the matrix."""
     recalls = {column: [r for r in map(class_recall, payloads[column]) if r is not None] for column in columns}
     classes = max((len(r[0]) for r in recalls.values() if r), default=0)
     if not classes:
-        return []
+        return None
     fashion = any(p and p["config"]["dataset"]["name"] == "fashion_mnist" for runs in payloads.values() for p in runs)
     names = [name.split("/")[0] for name in FASHION_MNIST_CLASSES] if fashion else [str(k) for k in range(classes)]
-    lines = [f"{'method':<{width}} " + " ".join(f"{name[:10]:>10}" for name in names) + "  weakest"]
+    rows = []
     for column in columns:
         if not recalls[column]:
             continue
         per_class = [[run[k] for run in recalls[column]] for k in range(classes)]
         weakest = min(range(classes), key=lambda k: sum(per_class[k]))
-        lines.append(f"{column:<{width}} " + " ".join(f"{spread(values, 100, 0):>10}" for values in per_class)
-                     + f"  {names[weakest]}")
-    return lines
+        rows.append([column, *(spread(values, 100, 0) for values in per_class), names[weakest]])
+    return ["method", *(name[:10] for name in names), "weakest"], rows
 
 
 # Where the course of a longer run is read: the 600 table's budget, then every 500 participations.
@@ -182,22 +187,20 @@ def window_mean(payload: dict[str, Any] | None, point: int, window: int = COURSE
     return sum(accuracies) / len(accuracies) if accuracies else None
 
 
-def course_lines(columns: list[str], payloads: dict[str, list[dict[str, Any] | None]], budget: int,
-                 width: int) -> list[str]:
+def course_table(columns: list[str], payloads: dict[str, list[dict[str, Any] | None]], budget: int) -> Table | None:
     """The course of a run longer than the first point: per method, mean ± std over its finished runs of
     ``window_mean`` at each of ``COURSE_POINTS`` below the budget and at the budget; whether it keeps
-    learning after 600 participations or falls back as it memorises. No lines for a budget of one point,
-    nor where no run has finished."""
+    learning after 600 participations or falls back as it memorises. None for a budget of one point,
+    or where no run has finished."""
     points = [point for point in COURSE_POINTS if point < budget] + [budget]
     if len(points) < 2:
-        return []
-    lines = []
+        return None
+    rows = []
     for column in columns:
         runs = [payload for payload in payloads[column] if payload]
         if runs:
-            lines.append(f"{column:<{width}} " + " ".join(
-                f"{spread([window_mean(run, point) for run in runs], 100):>11}" for point in points))
-    return [f"{'method':<{width}} " + " ".join(f"{point:>11}" for point in points), *lines] if lines else []
+            rows.append([column, *(spread([window_mean(run, point) for run in runs], 100) for point in points)])
+    return (["method", *map(str, points)], rows) if rows else None
 
 
 def made_at(payloads: list[dict[str, Any] | None]) -> str:
@@ -235,19 +238,23 @@ def versus(payloads: list[dict[str, Any] | None], baseline: list[dict[str, Any] 
                    for p, b in zip(payloads, baseline, strict=True) if p and b], 100)
 
 
-def row(column: str, payloads: list[dict[str, Any] | None], paper: float | None, width: int,
-        baseline: list[dict[str, Any] | None] | None = None) -> str:
-    """One method's line of a cell: its figures over the finished runs, how many of the planned runs
-    those are, its last-10 against ``baseline``'s runs of the same seeds (FedAvg's; '-' without),
-    its detection and the paper's figure."""
+ROW_HEADER = ["method", "runs", "best", "final", "last-10", "best-last10", "vs fedavg", "detect F1",
+              "CIFAR-10 paper"]
+ROW_WIDTHS = [5, 13, 13, 13, 11, 12, 10, 15]  # of the columns after the method's
+
+
+def row(column: str, payloads: list[dict[str, Any] | None], paper: float | None,
+        baseline: list[dict[str, Any] | None] | None = None) -> list[str]:
+    """One method's row of a cell (``ROW_HEADER``): its figures over the finished runs, how many of the
+    planned runs those are, its last-10 against ``baseline``'s runs of the same seeds (FedAvg's; '-'
+    without), its detection and the paper's figure."""
     detect = spread([detection_f1(p, column) for p in payloads])
     if column == "fedes" and any(quality_mse(p) is not None for p in payloads):
         detect = f"MSE {spread([quality_mse(p) for p in payloads], 1, 3)}"
-    runs = f"{sum(p is not None for p in payloads)}/{len(payloads)}"
-    return (f"{column:<{width}} {runs:>5} {summary(payloads, 'best_acc'):>13} {summary(payloads, 'final_acc'):>13} "
-            f"{summary(payloads, 'last10_mean_acc'):>13} {forgetting(payloads):>11} "
-            f"{'-' if baseline is None else versus(payloads, baseline):>12} {detect:>10} "
-            f"{'-' if paper is None else f'{paper:.2f}':>15}")
+    return [column, f"{sum(p is not None for p in payloads)}/{len(payloads)}", summary(payloads, "best_acc"),
+            summary(payloads, "final_acc"), summary(payloads, "last10_mean_acc"), forgetting(payloads),
+            "-" if baseline is None else versus(payloads, baseline), detect,
+            "-" if paper is None else f"{paper:.2f}"]
 
 
 def order(scores: dict[str, float]) -> str:
@@ -316,18 +323,21 @@ def obtain(args: argparse.Namespace, plans: dict[int, dict[Key, list[str]]], led
 def print_table(args: argparse.Namespace, budget: int, seeds: dict[str, list[int]],
                 done: dict[Key, dict[str, Any] | None]) -> None:
     """One budget's table: per cell its rows, the papers' ranks beside ours, the course and the recall."""
+    width = max(9, *map(len, args.columns))
+
+    def show(table: Table, widths: list[int]) -> None:
+        header, rows = table
+        lines = markdown_lines(header, rows) if args.markdown else fixed_width_lines(header, rows, [width, *widths])
+        print("\n".join(lines))
+
     print(f"\nThe field on {args.experiment} at comm_budget={budget} client participations "
           f"(overrides {args.overrides}); test accuracy %, mean ± std over the seeds")
     for cell in args.cells:
         print(f"\n{cell} ({', '.join(CELLS[cell])}; seeds {seeds[cell]})")
-        width = max(9, *map(len, args.columns))
-        print(f"{'method':<{width}} {'runs':>5} {'best':>13} {'final':>13} {'last-10':>13} {'best-last10':>11} "
-              f"{'vs fedavg':>12} {'detect F1':>10} {'CIFAR-10 paper':>15}")
         papers = {method: value for figures in PAPERS[cell].values() for method, value in figures.items()}
         fedavg = [done[(cell, "fedavg", seed)] for seed in seeds[cell]] if "fedavg" in args.columns else None
-        for column in args.columns:
-            print(row(column, [done[(cell, column, seed)] for seed in seeds[cell]], papers.get(column), width,
-                      None if column == "fedavg" else fedavg))
+        show((ROW_HEADER, [row(column, [done[(cell, column, seed)] for seed in seeds[cell]], papers.get(column),
+                               None if column == "fedavg" else fedavg) for column in args.columns]), ROW_WIDTHS)
         ours = {key: {column: known_mean([run["summary"][key] for seed in seeds[cell]
                                           if (run := done[(cell, column, seed)])])
                       for column in args.columns} for key in ("best_acc", "last10_mean_acc")}
@@ -336,14 +346,14 @@ def print_table(args: argparse.Namespace, budget: int, seeds: dict[str, list[int
             print("ranks: each paper's order of the methods it reports (CIFAR-10), and ours of the same methods")
             print("\n".join(lines))
         runs = {column: [done[(cell, column, seed)] for seed in seeds[cell]] for column in args.columns}
-        lines = course_lines(args.columns, runs, budget, width)
-        if lines:
+        course = course_table(args.columns, runs, budget)
+        if course is not None:
             print(f"the course: mean test accuracy % of the last {COURSE_WINDOW} participations before each point")
-            print("\n".join(lines))
-        lines = recall_lines(args.columns, runs, width)
-        if lines:
+            show(course, [11] * (len(course[0]) - 1))
+        recall = recall_table(args.columns, runs)
+        if recall is not None:
             print("final recall per class %: the share of each class's test images classified correctly")
-            print("\n".join(lines))
+            show(recall, [10] * (len(recall[0]) - 2) + [11])
     print(f"\n{made_at(list(done.values()))}")
 
 
@@ -361,6 +371,8 @@ def main() -> None:
                         help="client participations per run; several: a table each, a longer run continuing "
                              "the shorter")
     parser.add_argument("--experiment", default="fmnist", help="conf/experiment preset (smoke: a quick check)")
+    parser.add_argument("--markdown", action="store_true",
+                        help="print the tables in Markdown (for docs/results.md), the same figures")
     add_table_arguments(parser, "bench-field")
     args = parser.parse_args()
     launcher = launcher_from(args)

@@ -153,6 +153,18 @@ def table_rows(groups: dict[str, list[Run]], target: float) -> list[dict[str, st
 
 def markdown(rows: list[dict[str, str]]) -> str:
     """The rows as a Markdown table, under ``HEADERS``."""
-    lines = ["| " + " | ".join(HEADERS[column] for column in COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
-    lines += ["| " + " | ".join(row[column] for column in COLUMNS) + " |" for row in rows]
-    return "\n".join(lines) + "\n"
+    header = [HEADERS[column] for column in COLUMNS]
+    return "\n".join(markdown_lines(header, [[row[column] for column in COLUMNS] for row in rows])) + "\n"
+
+
+def markdown_lines(header: list[str], rows: list[list[str]]) -> list[str]:
+    """A table's lines in Markdown: the header, the rule, a line per row."""
+    return [f"| {' | '.join(header)} |", "|" + "---|" * len(header), *(f"| {' | '.join(row)} |" for row in rows)]
+
+
+def fixed_width_lines(header: list[str], rows: list[list[str]], widths: list[int]) -> list[str]:
+    """A table's lines for a terminal: each column padded to its width, the first left-aligned and the
+    others right-aligned, one space between."""
+    return [" ".join(cell.ljust(width) if k == 0 else cell.rjust(width)
+                     for k, (cell, width) in enumerate(zip(cells, widths, strict=True)))
+            for cells in (header, *rows)]

@@ -8,6 +8,7 @@ their columns name, and the FedCorr bench's summaries over seeds. Nothing here r
 
 from __future__ import annotations
 
+import argparse
 import importlib.util
 import json
 import shutil
@@ -485,13 +486,13 @@ def field_payload(best: float, final: float, last10: float, f1: float | None = N
 
 def test_a_field_row_says_how_many_planned_runs_it_averages_and_how_far_they_fell_from_their_best():
     runs = [field_payload(0.86, 0.80, 0.81, 0.75), None, field_payload(0.84, 0.80, 0.79, 0.77)]
-    cells = field_bench.row("feddiv", runs, 93.41, 11).split()
+    cells = field_bench.row("feddiv", runs, 93.41)
     # 2 of the 3 seeds finished; best - last-10 is 5 points on each, so its std is 0.
     assert cells == ["feddiv", "2/3", "85.00±1.41", "80.00±0.00", "80.00±1.41", "5.00±0.00", "-", "0.76±0.01",
                      "93.41"]
-    cells = field_bench.row("fedavg", [None, None], None, 11).split()
+    cells = field_bench.row("fedavg", [None, None], None)
     assert cells == ["fedavg", "0/2", "-", "-", "-", "-", "-", "-", "-"], "nothing finished: no figure"
-    assert field_bench.row("fedavg", [field_payload(0.85, 0.84, 0.84)], None, 11).split()[1:6] == [
+    assert field_bench.row("fedavg", [field_payload(0.85, 0.84, 0.84)], None)[1:6] == [
         "1/1", "85.00", "84.00", "84.00", "1.00"], "one run: no spread"
 
 
@@ -499,9 +500,9 @@ def test_a_field_row_compares_its_last_10_with_fedavgs_on_the_same_seeds_only():
     fedavg = [field_payload(0.85, 0.84, 0.84), field_payload(0.83, 0.80, 0.80), None]
     runs = [field_payload(0.86, 0.85, 0.85), field_payload(0.82, 0.82, 0.82), field_payload(0.9, 0.9, 0.9)]
     # Seeds 1 and 2: +1 and +2 points; seed 3 has no FedAvg run, so its 90% is left out of the comparison.
-    assert field_bench.row("feddiv", runs, None, 11, fedavg).split()[6] == "1.50±0.71"
-    assert field_bench.row("feddiv", runs, None, 11, [None] * 3).split()[6] == "-", "no FedAvg run finished"
-    assert field_bench.row("feddiv", runs, None, 11).split()[6] == "-", "FedAvg not in the table"
+    assert field_bench.row("feddiv", runs, None, fedavg)[6] == "1.50±0.71"
+    assert field_bench.row("feddiv", runs, None, [None] * 3)[6] == "-", "no FedAvg run finished"
+    assert field_bench.row("feddiv", runs, None)[6] == "-", "FedAvg not in the table"
 
 
 def recall_payload(shirts: int, dataset: str = "fashion_mnist") -> dict:
@@ -517,16 +518,16 @@ def recall_payload(shirts: int, dataset: str = "fashion_mnist") -> dict:
 def test_the_field_prints_each_methods_final_recall_per_class_and_its_weakest_class():
     payloads = {"fedavg": [recall_payload(60), recall_payload(50), None], "feddiv": [recall_payload(30), None, None],
                 "fedes": [None, None, None]}
-    header, fedavg, feddiv = field_bench.recall_lines(["fedavg", "feddiv", "fedes"], payloads, 11)
-    assert header.split()[1:] == ["T-shirt", "Trouser", "Pullover", "Dress", "Coat", "Sandal", "Shirt", "Sneaker",
-                                  "Bag", "Ankle", "boot", "weakest"]
-    assert fedavg.split() == ["fedavg", "90±0", "89±0", "88±0", "87±0", "86±0", "85±0", "55±7", "83±0", "82±0",
-                              "81±0", "Shirt"], "mean ± std over the finished seeds, class by class"
-    assert feddiv.split() == ["feddiv", "90", "89", "88", "87", "86", "85", "30", "83", "82", "81", "Shirt"]
-    assert field_bench.recall_lines(["fedavg"], {"fedavg": [recall_payload(95)]}, 11)[1].endswith(" 81  Ankle boot")
-    digits = field_bench.recall_lines(["fedavg"], {"fedavg": [recall_payload(95, "digits")]}, 11)
-    assert digits[0].split()[1:] == [*map(str, range(10)), "weakest"] and digits[1].endswith(" 9")
-    assert field_bench.recall_lines(["fedavg"], {"fedavg": [None, {"config": {}}]}, 11) == [], "no matrix: no lines"
+    header, (fedavg, feddiv) = field_bench.recall_table(["fedavg", "feddiv", "fedes"], payloads)
+    assert header[1:] == ["T-shirt", "Trouser", "Pullover", "Dress", "Coat", "Sandal", "Shirt", "Sneaker",
+                          "Bag", "Ankle boot", "weakest"]
+    assert fedavg == ["fedavg", "90±0", "89±0", "88±0", "87±0", "86±0", "85±0", "55±7", "83±0", "82±0",
+                      "81±0", "Shirt"], "mean ± std over the finished seeds, class by class"
+    assert feddiv == ["feddiv", "90", "89", "88", "87", "86", "85", "30", "83", "82", "81", "Shirt"]
+    assert field_bench.recall_table(["fedavg"], {"fedavg": [recall_payload(95)]})[1][0][-2:] == ["81", "Ankle boot"]
+    digits = field_bench.recall_table(["fedavg"], {"fedavg": [recall_payload(95, "digits")]})
+    assert digits[0][1:] == [*map(str, range(10)), "weakest"] and digits[1][0][-1] == "9"
+    assert field_bench.recall_table(["fedavg"], {"fedavg": [None, {"config": {}}]}) is None, "no matrix: no table"
 
 
 def course_payload(accuracies: list[float | None]) -> dict:
@@ -542,12 +543,36 @@ def test_the_field_prints_the_course_of_a_longer_run_from_the_last_100_participa
     assert field_bench.window_mean(one, 650) == pytest.approx(0.85), "rounds 56-65: five of each"
     assert field_bench.window_mean(two, 1000) == pytest.approx(0.8), "the round not evaluated is left out"
     assert field_bench.window_mean(one, 2000) is None and field_bench.window_mean(None, 600) is None
-    header, line = field_bench.course_lines(["fedavg", "fedcorr"], {"fedavg": [one, two, None],
-                                                                    "fedcorr": [None] * 3}, 1200, 11)
-    assert header.split() == ["method", "600", "1000", "1200"], "the points below the budget, and the budget"
-    assert line.split() == ["fedavg", "75.00±7.07", "85.00±7.07", "85.00±7.07"], "no line for a method without runs"
-    assert field_bench.course_lines(["fedavg"], {"fedavg": [one]}, 600, 11) == [], "one point: no course"
-    assert field_bench.course_lines(["fedavg"], {"fedavg": [None, None]}, 1200, 11) == [], "no run: no course"
+    header, rows = field_bench.course_table(["fedavg", "fedcorr"], {"fedavg": [one, two, None],
+                                                                   "fedcorr": [None] * 3}, 1200)
+    assert header == ["method", "600", "1000", "1200"], "the points below the budget, and the budget"
+    assert rows == [["fedavg", "75.00±7.07", "85.00±7.07", "85.00±7.07"]], "no row for a method without runs"
+    assert field_bench.course_table(["fedavg"], {"fedavg": [one]}, 600) is None, "one point: no course"
+    assert field_bench.course_table(["fedavg"], {"fedavg": [None, None]}, 1200) is None, "no run: no course"
+
+
+def test_the_field_report_prints_the_same_tables_in_markdown_for_the_docs(capsys):
+    finished = {**course_payload([0.8] * 120), **field_payload(0.86, 0.85, 0.84), **recall_payload(60)}
+    done = {("corr-iid", "fedavg", 1): finished, ("corr-iid", "fedcorr", 1): None}
+    printed = {}
+    for markdown in (False, True):
+        args = argparse.Namespace(experiment="fmnist", overrides=[], cells=["corr-iid"], columns=["fedavg", "fedcorr"],
+                                  markdown=markdown)
+        field_bench.print_table(args, 1200, {"corr-iid": [1]}, done)
+        printed[markdown] = capsys.readouterr().out.splitlines()
+    tables = [line for line in printed[True] if line.startswith("|")]
+    # Three tables (the cell's rows, the course, the recall), each a header, its rule and its rows.
+    assert [line for line in tables if line.startswith("|---")] == ["|---|" + "---|" * 8, "|---|" + "---|" * 3,
+                                                                   "|---|" + "---|" * 11]
+    rows = [line.strip("| ").split(" | ") for line in tables if line.startswith("| fed")]
+    assert rows[:2] == [["fedavg", "1/1", "86.00", "85.00", "84.00", "2.00", "-", "-", "81.22"],
+                        ["fedcorr", "0/1", "-", "-", "-", "-", "-", "-", "92.50"]]
+    assert rows[2] == ["fedavg", "80.00", "80.00", "80.00"] and rows[3][-2:] == ["81", "Shirt"]
+    # The terminal's fixed-width lines hold the same cells, and the lines around the tables are the same.
+    texts = [line.split() for line in printed[False] if line.startswith("fed")]
+    assert texts == [" ".join(row).split() for row in rows]
+    assert [line for line in printed[True] if not line.startswith("|")] == [
+        line for line in printed[False] if not line.startswith(("method", "fed"))]
 
 
 memorisation = load_bench("memorisation")
