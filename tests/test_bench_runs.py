@@ -489,9 +489,9 @@ def test_a_field_row_says_how_many_planned_runs_it_averages_and_how_far_they_fel
     cells = field_bench.row("feddiv", runs, 93.41)
     # 2 of the 3 seeds finished; best - last-10 is 5 points on each, so its std is 0.
     assert cells == ["feddiv", "2/3", "85.00±1.41", "80.00±0.00", "80.00±1.41", "5.00±0.00", "-", "0.76±0.01",
-                     "93.41"]
+                     "93.41", "81.00 / - / 79.00"]
     cells = field_bench.row("fedavg", [None, None], None)
-    assert cells == ["fedavg", "0/2", "-", "-", "-", "-", "-", "-", "-"], "nothing finished: no figure"
+    assert cells == ["fedavg", "0/2", "-", "-", "-", "-", "-", "-", "-", "- / -"], "nothing finished: no figure"
     assert field_bench.row("fedavg", [field_payload(0.85, 0.84, 0.84)], None)[1:6] == [
         "1/1", "85.00", "84.00", "84.00", "1.00"], "one run: no spread"
 
@@ -562,11 +562,11 @@ def test_the_field_report_prints_the_same_tables_in_markdown_for_the_docs(capsys
         printed[markdown] = capsys.readouterr().out.splitlines()
     tables = [line for line in printed[True] if line.startswith("|")]
     # Three tables (the cell's rows, the course, the recall), each a header, its rule and its rows.
-    assert [line for line in tables if line.startswith("|---")] == ["|---|" + "---|" * 8, "|---|" + "---|" * 3,
+    assert [line for line in tables if line.startswith("|---")] == ["|---|" + "---|" * 9, "|---|" + "---|" * 3,
                                                                    "|---|" + "---|" * 11]
     rows = [line.strip("| ").split(" | ") for line in tables if line.startswith("| fed")]
-    assert rows[:2] == [["fedavg", "1/1", "86.00", "85.00", "84.00", "2.00", "-", "-", "81.22"],
-                        ["fedcorr", "0/1", "-", "-", "-", "-", "-", "-", "92.50"]]
+    assert rows[:2] == [["fedavg", "1/1", "86.00", "85.00", "84.00", "2.00", "-", "-", "81.22", "84.00"],
+                        ["fedcorr", "0/1", "-", "-", "-", "-", "-", "-", "92.50", "-"]]
     assert rows[2] == ["fedavg", "80.00", "80.00", "80.00"] and rows[3][-2:] == ["81", "Shirt"]
     # The terminal's fixed-width lines hold the same cells, and the lines around the tables are the same.
     texts = [line.split() for line in printed[False] if line.startswith("fed")]
