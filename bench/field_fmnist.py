@@ -267,21 +267,21 @@ def order(scores: dict[str, float]) -> str:
     return " > ".join(sorted(scores, key=lambda method: -scores[method]))
 
 
-def rank_lines(cell: str, ours: dict[str, dict[str, float | None]]) -> list[str]:
+def rank_table(cell: str, ours: dict[str, dict[str, float | None]]) -> Table | None:
     """Per paper of the cell: its order of the methods it reports beside ours of the same methods, by best
-    and by last-10 mean accuracy (``ours``: figure -> method -> mean, None where no run finished), and
-    whether ours keeps the paper's order. A paper with fewer than two of our finished methods is left out."""
-    lines = []
+    and by last-10 mean accuracy (``ours``: figure -> method -> mean, None where no run finished), each
+    marked where it differs from the paper's. A paper with fewer than two of our finished methods is left
+    out; None when every paper is."""
+    rows = []
     for paper, figures in PAPERS[cell].items():
         shared = [method for method in figures if all(ours[key].get(method) is not None for key in ours)]
         if len(shared) < 2:
             continue
         theirs = order({method: figures[method] for method in shared})
-        lines.append(f"  {paper}: paper {theirs}")
-        for key, label in (("best_acc", "best"), ("last10_mean_acc", "last-10")):
-            mine = order({method: ours[key][method] or 0.0 for method in shared})
-            lines.append(f"  {'':<{len(paper)}}  ours ({label}) {mine}{'' if mine == theirs else '  (differs)'}")
-    return lines
+        mine = [order({method: ours[key][method] or 0.0 for method in shared})
+                for key in ("best_acc", "last10_mean_acc")]
+        rows.append([paper, theirs, *(f"{rank}{'' if rank == theirs else ' (differs)'}" for rank in mine)])
+    return (["paper (CIFAR-10)", "paper's order", "ours by best", "ours by last-10"], rows) if rows else None
 
 
 Key = tuple[str, str, int]
@@ -330,9 +330,17 @@ def print_table(args: argparse.Namespace, budget: int, seeds: dict[str, list[int
     """One budget's table: per cell its rows, the papers' ranks beside ours, the course and the recall."""
     width = max(9, *map(len, args.columns))
 
-    def show(table: Table, widths: list[int]) -> None:
+    def show(table: Table, widths: list[int] | None = None) -> None:
+        """Print a table in Markdown, or fixed-width: the method's column and figures to ``widths``, or
+        (None) every column left-aligned to its longest cell."""
         header, rows = table
-        lines = markdown_lines(header, rows) if args.markdown else fixed_width_lines(header, rows, [width, *widths])
+        if args.markdown:
+            lines = markdown_lines(header, rows)
+        elif widths is None:
+            longest = [max(len(cells[k]) for cells in (header, *rows)) + 1 for k in range(len(header))]
+            lines = fixed_width_lines(header, rows, longest, left=len(header))
+        else:
+            lines = fixed_width_lines(header, rows, [width, *widths])
         print("\n".join(lines))
 
     print(f"\nThe field on {args.experiment} at comm_budget={budget} client participations "
@@ -346,10 +354,10 @@ def print_table(args: argparse.Namespace, budget: int, seeds: dict[str, list[int
         ours = {key: {column: known_mean([run["summary"][key] for seed in seeds[cell]
                                           if (run := done[(cell, column, seed)])])
                       for column in args.columns} for key in ("best_acc", "last10_mean_acc")}
-        lines = rank_lines(cell, ours)
-        if lines:
-            print("ranks: each paper's order of the methods it reports (CIFAR-10), and ours of the same methods")
-            print("\n".join(lines))
+        ranks = rank_table(cell, ours)
+        if ranks is not None:
+            print("ranks: each paper's order of the methods it reports, and ours of the same methods")
+            show(ranks)
         runs = {column: [done[(cell, column, seed)] for seed in seeds[cell]] for column in args.columns}
         course = course_table(args.columns, runs, budget)
         if course is not None:

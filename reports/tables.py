@@ -162,9 +162,9 @@ def markdown_lines(header: list[str], rows: list[list[str]]) -> list[str]:
     return [f"| {' | '.join(header)} |", "|" + "---|" * len(header), *(f"| {' | '.join(row)} |" for row in rows)]
 
 
-def fixed_width_lines(header: list[str], rows: list[list[str]], widths: list[int]) -> list[str]:
-    """A table's lines for a terminal: each column padded to its width, the first left-aligned and the
-    others right-aligned, one space between."""
-    return [" ".join(cell.ljust(width) if k == 0 else cell.rjust(width)
-                     for k, (cell, width) in enumerate(zip(cells, widths, strict=True)))
+def fixed_width_lines(header: list[str], rows: list[list[str]], widths: list[int], left: int = 1) -> list[str]:
+    """A table's lines for a terminal: each column padded to its width, the first ``left`` columns
+    left-aligned (names, text) and the others right-aligned (figures), one space between."""
+    return [" ".join(cell.ljust(width) if k < left else cell.rjust(width)
+                     for k, (cell, width) in enumerate(zip(cells, widths, strict=True))).rstrip()
             for cells in (header, *rows)]

@@ -464,19 +464,16 @@ def test_time_saved_is_the_sources_stages_12_time_less_the_slower_first_round_of
 def test_field_bench_ranks_each_papers_methods_against_ours_of_the_same_methods():
     ours = {"best_acc": {"fedavg": 0.85, "fedprox": 0.75, "fedcorr": 0.88, "feddiv": 0.86, "fedes": None},
             "last10_mean_acc": {"fedavg": 0.84, "fedprox": 0.74, "fedcorr": 0.87, "feddiv": 0.80, "fedes": None}}
-    assert field_bench.rank_lines("corr-iid", ours) == [
-        "  FedCorr Table 2: paper fedcorr > fedprox > fedavg",
-        "                   ours (best) fedcorr > fedavg > fedprox  (differs)",
-        "                   ours (last-10) fedcorr > fedavg > fedprox  (differs)",
-        "  FedDiv Table 1: paper feddiv > fedcorr > fedavg",
-        "                  ours (best) fedcorr > feddiv > fedavg  (differs)",
-        "                  ours (last-10) fedcorr > fedavg > feddiv  (differs)",
+    assert field_bench.rank_table("corr-iid", ours)[1] == [
+        ["FedCorr Table 2", "fedcorr > fedprox > fedavg", "fedcorr > fedavg > fedprox (differs)",
+         "fedcorr > fedavg > fedprox (differs)"],
+        ["FedDiv Table 1", "feddiv > fedcorr > fedavg", "fedcorr > feddiv > fedavg (differs)",
+         "fedcorr > fedavg > feddiv (differs)"],
     ]
     agreeing = {key: {"fedavg": 0.5, "fednoro": 0.6, "fedes": 0.7} for key in ours}
-    assert field_bench.rank_lines("es-sym0.5", agreeing)[1:] == [
-        "                 ours (best) fedes > fednoro > fedavg",
-        "                 ours (last-10) fedes > fednoro > fedavg"]
-    assert field_bench.rank_lines("es-sym0.5", {key: {"fedavg": 0.5} for key in ours}) == [], "one method: no order"
+    assert field_bench.rank_table("es-sym0.5", agreeing)[1] == [
+        ["FedES Table 1", "fedes > fednoro > fedavg", "fedes > fednoro > fedavg", "fedes > fednoro > fedavg"]]
+    assert field_bench.rank_table("es-sym0.5", {key: {"fedavg": 0.5} for key in ours}) is None, "one method: no order"
 
 
 def field_payload(best: float, final: float, last10: float, f1: float | None = None) -> dict:
@@ -552,27 +549,36 @@ def test_the_field_prints_the_course_of_a_longer_run_from_the_last_100_participa
 
 
 def test_the_field_report_prints_the_same_tables_in_markdown_for_the_docs(capsys):
-    finished = {**course_payload([0.8] * 120), **field_payload(0.86, 0.85, 0.84), **recall_payload(60)}
-    done = {("corr-iid", "fedavg", 1): finished, ("corr-iid", "fedcorr", 1): None}
+    def finished(last10: float, shirts: int) -> dict:
+        return {**course_payload([last10] * 120), **field_payload(last10 + 0.02, last10, last10),
+                **recall_payload(shirts)}
+
+    # FedCorr's run of seed 2 has not finished; FedProx's only run is above FedAvg's, unlike FedCorr's paper.
+    done = {("corr-iid", "fedavg", 1): finished(0.84, 60), ("corr-iid", "fedavg", 2): finished(0.82, 50),
+            ("corr-iid", "fedcorr", 1): finished(0.88, 70), ("corr-iid", "fedcorr", 2): None,
+            ("corr-iid", "fedprox", 1): None, ("corr-iid", "fedprox", 2): finished(0.9, 40)}
     printed = {}
     for markdown in (False, True):
-        args = argparse.Namespace(experiment="fmnist", overrides=[], cells=["corr-iid"], columns=["fedavg", "fedcorr"],
-                                  markdown=markdown)
-        field_bench.print_table(args, 1200, {"corr-iid": [1]}, done)
+        args = argparse.Namespace(experiment="fmnist", overrides=[], cells=["corr-iid"], markdown=markdown,
+                                  columns=["fedavg", "fedcorr", "fedprox"])
+        field_bench.print_table(args, 1200, {"corr-iid": [1, 2]}, done)
         printed[markdown] = capsys.readouterr().out.splitlines()
-    tables = [line for line in printed[True] if line.startswith("|")]
-    # Three tables (the cell's rows, the course, the recall), each a header, its rule and its rows.
-    assert [line for line in tables if line.startswith("|---")] == ["|---|" + "---|" * 9, "|---|" + "---|" * 3,
-                                                                   "|---|" + "---|" * 11]
-    rows = [line.strip("| ").split(" | ") for line in tables if line.startswith("| fed")]
-    assert rows[:2] == [["fedavg", "1/1", "86.00", "85.00", "84.00", "2.00", "-", "-", "81.22", "84.00"],
-                        ["fedcorr", "0/1", "-", "-", "-", "-", "-", "-", "92.50", "-"]]
-    assert rows[2] == ["fedavg", "80.00", "80.00", "80.00"] and rows[3][-2:] == ["81", "Shirt"]
+    # Four tables (the cell's rows, the papers' ranks, the course, the recall), each a header, a rule, rows.
+    assert [line.count("---") for line in printed[True] if line.startswith("|---")] == [10, 4, 4, 12]
+    tables = [line.strip("| ").split(" | ") for line in printed[True] if line.startswith("| ")]
+    assert tables[1:4] == [["fedavg", "2/2", "85.00±1.41", "83.00±1.41", "83.00±1.41", "2.00±0.00", "-", "-", "81.22",
+                            "84.00 / 82.00"],
+                           ["fedcorr", "1/2", "90.00", "88.00", "88.00", "2.00", "4.00", "-", "92.50", "88.00 / -"],
+                           ["fedprox", "1/2", "92.00", "90.00", "90.00", "2.00", "8.00", "-", "85.25", "- / 90.00"]]
+    assert tables[5] == ["FedCorr Table 2", "fedcorr > fedprox > fedavg", "fedprox > fedcorr > fedavg (differs)",
+                         "fedprox > fedcorr > fedavg (differs)"]
+    assert tables[-3][-2:] == ["81±0", "Shirt"] and tables[-1][-2:] == ["81", "Shirt"]
     # The terminal's fixed-width lines hold the same cells, and the lines around the tables are the same.
-    texts = [line.split() for line in printed[False] if line.startswith("fed")]
-    assert texts == [" ".join(row).split() for row in rows]
+    starts = ("method", "paper", "fedavg", "fedcorr", "fedprox", "FedCorr", "FedDiv")
+    texts = [line for line in printed[False] if line.partition(" ")[0] in starts]
+    assert [line.split() for line in texts] == [" ".join(cells).split() for cells in tables]
     assert [line for line in printed[True] if not line.startswith("|")] == [
-        line for line in printed[False] if not line.startswith(("method", "fed"))]
+        line for line in printed[False] if line not in texts]
 
 
 memorisation = load_bench("memorisation")
