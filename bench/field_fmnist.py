@@ -3,7 +3,7 @@ one communication cost, under FedCorr's noise (IID and non-IID) and FedES's nois
 
     .venv/bin/python bench/field_fmnist.py [--cells corr-iid ...] [--columns fedavg fedcorr+poc ...] [--seeds 1]
         [--more-seeds 2 3] [--budget 600 [3000 ...]] [--experiment fmnist] [--reuse | --report] [--outputs outputs]
-        [-- Hydra overrides]
+        [--markdown] [--tables rows ranks course recall] [-- Hydra overrides]
 
 Cells (100 clients, LeNet-5, experiment=fmnist):
 - corr-iid: FedCorr's noise (rho, tau) = (0.6, 0.5), IID; seeds 1-3 (``--more-seeds``).
@@ -24,7 +24,8 @@ the papers' CIFAR-10 numbers for the same kind of cell, and per paper its order 
 reports beside ours of the same methods (by best and by last-10 accuracy), at a budget over 600 the
 course of each method (its mean test accuracy over the last 100 participations before 600, 1,000, ...
 participations and the budget), and each method's final recall per class with its weakest class (from
-the final confusion matrix). ``--budget`` sets the
+the final confusion matrix); ``--tables`` picks which of those four each cell prints, and
+``--markdown`` prints them in Markdown for docs/results.md. ``--budget`` sets the
 cost; 600 is the table of docs/results.md, a longer one is the papers' regime where FedAvg memorises.
 Several budgets (``--budget 600 3000``) run in one plan and print a table each, the smaller first: a
 longer run waits for the same run at the smallest budget and continues it (below; a FedCorr column
@@ -177,6 +178,8 @@ def recall_table(columns: list[str], payloads: dict[str, list[dict[str, Any] | N
 COURSE_POINTS = (600, 1000, 1500, 2000, 2500, 3000)
 # Each point's figure is the mean over the last this many participations before it (10 rounds of 10).
 COURSE_WINDOW = 100
+# Each cell's tables, in the order they print: its rows, the papers' ranks, the course, the recall.
+TABLES = ("rows", "ranks", "course", "recall")
 
 
 def window_mean(payload: dict[str, Any] | None, point: int, window: int = COURSE_WINDOW) -> float | None:
@@ -327,15 +330,16 @@ def obtain(args: argparse.Namespace, plans: dict[int, dict[Key, list[str]]], led
 
 def print_table(args: argparse.Namespace, budget: int, seeds: dict[str, list[int]],
                 done: dict[Key, dict[str, Any] | None]) -> None:
-    """One budget's table: per cell its rows, the papers' ranks beside ours, the course and the recall."""
+    """One budget's table: per cell its rows, the papers' ranks beside ours, the course and the recall
+    (those of ``args.tables``)."""
     width = max(9, *map(len, args.columns))
 
     def show(table: Table, widths: list[int] | None = None) -> None:
         """Print a table in Markdown, or fixed-width: the method's column and figures to ``widths``, or
         (None) every column left-aligned to its longest cell."""
         header, rows = table
-        if args.markdown:
-            lines = markdown_lines(header, rows)
+        if args.markdown:  # a blank line on each side, so that no renderer takes the caption for a row
+            lines = ["", *markdown_lines(header, rows), ""]
         elif widths is None:
             longest = [max(len(cells[k]) for cells in (header, *rows)) + 1 for k in range(len(header))]
             lines = fixed_width_lines(header, rows, longest, left=len(header))
@@ -348,22 +352,22 @@ def print_table(args: argparse.Namespace, budget: int, seeds: dict[str, list[int
     for cell in args.cells:
         print(f"\n{cell} ({', '.join(CELLS[cell])}; seeds {seeds[cell]})")
         papers = {method: value for figures in PAPERS[cell].values() for method, value in figures.items()}
-        fedavg = [done[(cell, "fedavg", seed)] for seed in seeds[cell]] if "fedavg" in args.columns else None
-        show((ROW_HEADER, [row(column, [done[(cell, column, seed)] for seed in seeds[cell]], papers.get(column),
-                               None if column == "fedavg" else fedavg) for column in args.columns]), ROW_WIDTHS)
-        ours = {key: {column: known_mean([run["summary"][key] for seed in seeds[cell]
-                                          if (run := done[(cell, column, seed)])])
+        runs = {column: [done[(cell, column, seed)] for seed in seeds[cell]] for column in args.columns}
+        if "rows" in args.tables:
+            fedavg = runs.get("fedavg")
+            show((ROW_HEADER, [row(column, runs[column], papers.get(column), None if column == "fedavg" else fedavg)
+                               for column in args.columns]), ROW_WIDTHS)
+        ours = {key: {column: known_mean([run["summary"][key] for run in runs[column] if run])
                       for column in args.columns} for key in ("best_acc", "last10_mean_acc")}
-        ranks = rank_table(cell, ours)
+        ranks = rank_table(cell, ours) if "ranks" in args.tables else None
         if ranks is not None:
             print("ranks: each paper's order of the methods it reports, and ours of the same methods")
             show(ranks)
-        runs = {column: [done[(cell, column, seed)] for seed in seeds[cell]] for column in args.columns}
-        course = course_table(args.columns, runs, budget)
+        course = course_table(args.columns, runs, budget) if "course" in args.tables else None
         if course is not None:
             print(f"the course: mean test accuracy % of the last {COURSE_WINDOW} participations before each point")
             show(course, [11] * (len(course[0]) - 1))
-        recall = recall_table(args.columns, runs)
+        recall = recall_table(args.columns, runs) if "recall" in args.tables else None
         if recall is not None:
             print("final recall per class %: the share of each class's test images classified correctly")
             show(recall, [10] * (len(recall[0]) - 2) + [11])
@@ -386,6 +390,8 @@ def main() -> None:
     parser.add_argument("--experiment", default="fmnist", help="conf/experiment preset (smoke: a quick check)")
     parser.add_argument("--markdown", action="store_true",
                         help="print the tables in Markdown (for docs/results.md), the same figures")
+    parser.add_argument("--tables", nargs="+", choices=TABLES, default=list(TABLES), metavar="TABLE",
+                        help=f"which of each cell's tables to print, of {', '.join(TABLES)} (the default: all)")
     add_table_arguments(parser, "bench-field")
     args = parser.parse_args()
     launcher = launcher_from(args)

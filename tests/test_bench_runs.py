@@ -560,9 +560,14 @@ def test_the_field_report_prints_the_same_tables_in_markdown_for_the_docs(capsys
     printed = {}
     for markdown in (False, True):
         args = argparse.Namespace(experiment="fmnist", overrides=[], cells=["corr-iid"], markdown=markdown,
-                                  columns=["fedavg", "fedcorr", "fedprox"])
+                                  columns=["fedavg", "fedcorr", "fedprox"], tables=list(field_bench.TABLES))
         field_bench.print_table(args, 1200, {"corr-iid": [1, 2]}, done)
         printed[markdown] = capsys.readouterr().out.splitlines()
+    # Each Markdown table stands between blank lines, so that no renderer takes its caption for a row.
+    edges = [k for k, line in enumerate(printed[True]) if line.startswith("|")
+             and not (printed[True][k - 1].startswith("|") and printed[True][k + 1].startswith("|"))]
+    assert len(edges) == 8 and all(printed[True][k - 1] == "" for k in edges[::2])
+    assert all(printed[True][k + 1] == "" for k in edges[1::2])
     # Four tables (the cell's rows, the papers' ranks, the course, the recall), each a header, a rule, rows.
     assert [line.count("---") for line in printed[True] if line.startswith("|---")] == [10, 4, 4, 12]
     tables = [line.strip("| ").split(" | ") for line in printed[True] if line.startswith("| ")]
@@ -577,8 +582,16 @@ def test_the_field_report_prints_the_same_tables_in_markdown_for_the_docs(capsys
     starts = ("method", "paper", "fedavg", "fedcorr", "fedprox", "FedCorr", "FedDiv")
     texts = [line for line in printed[False] if line.partition(" ")[0] in starts]
     assert [line.split() for line in texts] == [" ".join(cells).split() for cells in tables]
-    assert [line for line in printed[True] if not line.startswith("|")] == [
-        line for line in printed[False] if line not in texts]
+    assert [line for line in printed[True] if line and not line.startswith("|")] == [
+        line for line in printed[False] if line and line not in texts]
+    # --tables rows ranks: the block docs/results.md keeps, without the course and the recall.
+    args.tables = ["rows", "ranks"]
+    field_bench.print_table(args, 1200, {"corr-iid": [1, 2]}, done)
+    kept = capsys.readouterr().out.splitlines()
+    assert [line.count("---") for line in kept if line.startswith("|---")] == [10, 4]
+    rows_and_ranks = [line for line in printed[True] if line.startswith("| ")][:7]
+    assert [line for line in kept if line.startswith("| ")] == rows_and_ranks
+    assert not any(line.startswith(("the course", "final recall")) for line in kept)
 
 
 memorisation = load_bench("memorisation")
