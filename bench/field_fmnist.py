@@ -30,8 +30,8 @@ cost; 600 is the table of docs/results.md, a longer one is the papers' regime wh
 Several budgets (``--budget 600 3000``) run in one plan and print a table each, the smaller first: a
 longer run waits for the same run at the smallest budget and continues it (below; a FedCorr column
 that took stages 1-2 over takes them from the plain FedCorr run instead, or from the shorter run
-that one continued), and with ``--jobs N`` it starts as soon as that one has ended, while the others
-keep the N places busy. Runs:
+that one continued, at once when that one is on disk), and with ``--jobs N`` it starts as soon as that
+one has ended, while the others keep the N places busy. Runs:
 outputs/bench-field/<experiment>-budget<B>/<cell>/seed<seed>/<column>/ (``--outputs``: another folder
 than outputs/).
 

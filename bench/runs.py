@@ -278,13 +278,15 @@ def stages12_origin(out_dir: str) -> str:
     return folder
 
 
-def inheriting(overrides: list[str], source_overrides: list[str]) -> list[str]:
+def inheriting(overrides: list[str], source_overrides: list[str], source_shorter: list[list[str]] | None = None
+               ) -> list[str]:
     """A run's overrides taking stages 1-2 over from the planned run of ``source_overrides`` when that
     run (finished or not) kept its stage-2 checkpoint. A source that continued a shorter run, or took
-    its stages 1-2 over, holds no such checkpoint: the run it started from does (``stages12_origin``).
-    Else the run's own overrides, and a line saying so."""
-    source = str(planned(source_overrides)[0].out_dir)
-    origin = stages12_origin(source)
+    its stages 1-2 over, holds no such checkpoint: the run it started from does (``stages12_origin``);
+    so does the shorter run of ``source_shorter`` that a source not yet started will continue
+    (``continued``). Else the run's own overrides, and a line saying so."""
+    began = continued(source_overrides, source_shorter or [], quiet=True)
+    origin = stages12_origin(began or str(planned(source_overrides)[0].out_dir))
     checkpoint_round = stage2_round(overrides)
     if inheritable(origin, checkpoint_round):
         return [*overrides, f"{STAGES12_FROM}={origin}"]
@@ -294,16 +296,23 @@ def inheriting(overrides: list[str], source_overrides: list[str]) -> list[str]:
     return overrides
 
 
-def extending(overrides: list[str], shorter: list[list[str]]) -> list[str]:
-    """A planned run's overrides continuing the first finished run of ``shorter`` (the same run at
-    smaller budgets, the longest first) that computed its rounds itself, when it can (``extend_from``;
-    else a line says why, and it runs from round 0). A run that has started keeps how it started, so a
-    stopped one resumes as it began."""
+def early_source(overrides: list[str], source_overrides: list[str], source_shorter: list[list[str]]) -> bool:
+    """Whether a run can take its stages 1-2 over before its source has run: the source continues, or
+    will continue, a finished shorter run whose stages 1-2 are on disk with their stage-2 checkpoint."""
+    began = continued(source_overrides, source_shorter, quiet=True)
+    return began is not None and inheritable(stages12_origin(began), stage2_round(overrides))
+
+
+def continued(overrides: list[str], shorter: list[list[str]], quiet: bool = False) -> str | None:
+    """The folder of the run a planned run continues (``extend_from``): the one it began from if it has
+    started (a stopped run resumes as it began), else the first finished run of ``shorter`` (the same
+    run at smaller budgets, the longest first) that computed its rounds itself and that it can continue.
+    None: it runs from round 0 (unless ``quiet``, a line says why when a shorter run was refused)."""
     cfg, _ = planned(overrides)
     record = CheckpointStore(cfg.out_dir).record()
     if record is not None:
         began = record.config.get(EXTEND_FROM)
-        return overrides if began is None else [*overrides, f"{EXTEND_FROM}={began}"]
+        return None if began is None else str(began)
     for other in shorter:
         try:
             other_cfg, _ = planned(other)
@@ -311,16 +320,24 @@ def extending(overrides: list[str], shorter: list[list[str]]) -> list[str]:
                 continue
             other_record = CheckpointStore(other_cfg.out_dir).record()
             if other_record is not None and other_record.lineage.parent:
-                print(f"{cfg.out_dir} does not continue {other_cfg.out_dir}: that run took rounds from another",
-                      flush=True)
+                if not quiet:
+                    print(f"{cfg.out_dir} does not continue {other_cfg.out_dir}: that run took rounds from another",
+                          flush=True)
                 continue
-            candidate = [*overrides, f"{EXTEND_FROM}={other_cfg.out_dir}"]
-            load_run(planned(candidate)[0])
+            load_run(planned([*overrides, f"{EXTEND_FROM}={other_cfg.out_dir}"])[0])
         except ConfigError as err:
-            print(f"{cfg.out_dir} runs from round 0: {err}", flush=True)
-            return overrides
-        return candidate
-    return overrides
+            if not quiet:
+                print(f"{cfg.out_dir} runs from round 0: {err}", flush=True)
+            return None
+        return str(other_cfg.out_dir)
+    return None
+
+
+def extending(overrides: list[str], shorter: list[list[str]]) -> list[str]:
+    """A planned run's overrides continuing the run ``continued`` names, when there is one (else it runs
+    from round 0)."""
+    began = continued(overrides, shorter)
+    return overrides if began is None else [*overrides, f"{EXTEND_FROM}={began}"]
 
 
 def run_plan(plan: Mapping[Key, list[str]], order: list[Key], reuse: bool = False,
@@ -328,7 +345,8 @@ def run_plan(plan: Mapping[Key, list[str]], order: list[Key], reuse: bool = Fals
              shorter: Mapping[Key, list[list[str]]] | None = None,
              extends: Mapping[Key, Key] | None = None) -> dict[Key, dict[str, Any]]:
     """Run (or reuse, or resume) the planned runs in ``order``, FedCorr runs that can share stages 1-2
-    taking them over from their group's source (run first, before the first run that needs it), and
+    taking them over from their group's source (run first, before the first run that needs it; when the
+    source continues a finished shorter run, from that run, without waiting for the source), and
     the others continuing the same run at a smaller budget where ``shorter`` names one that finished
     (``extending``). ``extends`` names, for a run, the planned run of ``shorter`` it continues: it runs
     after that one and takes no stages 1-2 over, unless that one took its own stages 1-2 over (a run
@@ -341,7 +359,10 @@ def run_plan(plan: Mapping[Key, list[str]], order: list[Key], reuse: bool = Fals
     if ledger is not None:
         ledger.shared += len(sources)
     shorter = shorter or {}
-    needs = {key: [need for need in (sources.get(key), extends.get(key)) if need is not None] for key in order}
+    # A run whose source continues a finished shorter run takes stages 1-2 from that one: it need not wait.
+    waits = {key: source for key, source in sources.items()
+             if not (shorter.get(source) and early_source(plan[key], plan[source], shorter[source]))}
+    needs = {key: [need for need in (waits.get(key), extends.get(key)) if need is not None] for key in order}
     steps = prerequisites_first(order, needs)
     if launcher is not None and launcher.concurrent:
         done = run_concurrently(plan, steps, needs, sources, reuse, ledger, launcher, shorter)
@@ -372,7 +393,9 @@ def own_overrides(plan: Mapping[Key, list[str]], key: Key, sources: Mapping[Key,
     overrides, source = plan[key], sources.get(key)
     if (source is None and not shorter.get(key)) or (reuse and finished(overrides) is not None):
         return overrides
-    return inheriting(overrides, plan[source]) if source is not None else extending(overrides, shorter[key])
+    if source is not None:
+        return inheriting(overrides, plan[source], shorter.get(source))
+    return extending(overrides, shorter[key])
 
 
 class RunsFailed(Exception):

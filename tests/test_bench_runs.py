@@ -993,6 +993,48 @@ def test_with_jobs_a_longer_run_starts_as_soon_as_its_shorter_run_ended_and_cont
     assert "time saved: " in out
 
 
+def test_with_jobs_a_lone_longer_budget_takes_stages_12_from_the_shorter_run_without_waiting(
+        tmp_path, monkeypatch, capsys):
+    # The 60 runs first, one after the other: FedCorr+PoC takes its stages 1-2 over from plain FedCorr.
+    def fake_run(cfg, overrides):
+        config = OmegaConf.to_container(cfg, resolve=True)
+        parent = config["strategy"].get("stages12_from")
+        return leave_finished_field_run(config, CheckpointStore(parent).record().lineage.child(35) if parent else None)
+
+    monkeypatch.setattr(runs.sim, "run", fake_run)
+    monkeypatch.setattr(sys, "argv", field_argv(tmp_path, "--columns", "fedcorr", "fedcorr+poc", budgets=("60",)))
+    field_bench.main()
+    # Then --budget 75 alone with --jobs 2. Plain FedCorr continues its 60 run, whose stage-2 checkpoint
+    # is on disk from the start: FedCorr+PoC takes them from there at once. The plain run ends only once
+    # the PoC run has started (or after 10 s, when the PoC run would have waited for it).
+    jobs_module = sys.modules["launch.jobs"]
+    events: list[tuple[str, str, str | None, str | None]] = []
+    poc_started = threading.Event()
+
+    def one(self, job):
+        with self.lock:
+            config = runs.resolved_config(list(job.argv[2:]))
+            what = (config["strategy"]["stage3"], config["strategy"].get("stages12_from"), config.get("extend_from"))
+            events.append(("start", *what))
+        if what[0] == "poc":
+            poc_started.set()
+        else:
+            poc_started.wait(timeout=10)
+        leave_finished_field_run(config)
+        with self.lock:
+            events.append(("end", *what))
+        return jobs_module.Finished(job, 0, 1.0)
+
+    monkeypatch.setattr(jobs_module._LocalRun, "one", one)
+    monkeypatch.setattr(sys, "argv", field_argv(tmp_path, "--columns", "fedcorr", "fedcorr+poc", "--jobs", "2",
+                                                "--reuse", budgets=("75",)))
+    field_bench.main()
+    plain60 = str(tmp_path / "bench-field" / "smoke-budget60" / "corr-iid" / "seed1" / "fedcorr")
+    assert events.index(("start", "poc", plain60, None)) < events.index(("end", "fedavg", None, plain60))
+    assert len(events) == 4
+    assert "runs its own stages 1-2" not in capsys.readouterr().out
+
+
 def test_with_jobs_a_failed_run_stops_only_the_runs_that_wait_for_it(tmp_path, monkeypatch, field_jobs, capsys):
     events, fail = field_jobs
     fail.add((30, "fedprox"))
