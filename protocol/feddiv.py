@@ -69,6 +69,8 @@ class FedDivClientSettings(Checked):
     pcs_code_rules: bool = option(Flag(), "the released code's selection rules (clean samples only early on "
                                           "and up to delta_hat 0.2)")
     bn_extra_pass: bool = option(Flag(), "the released code's unused forward of each un-mixed batch")
+    balanced_split: bool = option(Flag(), "beyond the paper and the code: every given label keeps the client's "
+                                          "clean share, its samples of smallest filter loss")
 
 
 @dataclass(frozen=True)

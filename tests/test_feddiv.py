@@ -17,7 +17,7 @@ from defaults import context, local_training, strategy_settings
 from flwr.app import Array, ArrayRecord, ConfigRecord
 from torch import nn
 
-from client.plugins.feddiv import diagnostics, filter_losses, select
+from client.plugins.feddiv import balanced, diagnostics, filter_losses, noise_share, select
 from common.errors import ConfigError
 from protocol.codec import decode, encode
 from protocol.feddiv import FedDivClientSettings, FedDivIns, FedDivRes
@@ -228,6 +228,25 @@ def test_the_selection_follows_eq_11_and_the_codes_rules(params, clean, particip
     expected = LABELS.copy()
     expected[relabeled] = 1
     np.testing.assert_array_equal(chosen.train_labels, expected)
+
+
+def test_a_balanced_split_keeps_the_clients_clean_share_in_every_label_by_smallest_loss():
+    # 12 samples: label 0 (6 samples) is easy, label 1 (4) is confused, label 2 (2) in between. The
+    # filter flags 6 noisy: 2 of label 0's, 3 of label 1's (all but its clean-looking sample 7), 1 of label 2's.
+    labels = np.array([0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 2, 2])
+    losses = np.array([.1, .2, .05, .3, .9, .8, .6, .4, .7, .65, .5, .95])
+    clean = losses <= 0.5
+    assert noise_share(clean) == 0.5
+    split = balanced(clean, losses, labels)
+    # Half of each label: 3 of label 0, 2 of label 1, 1 of label 2, each its smallest losses.
+    np.testing.assert_array_equal(np.flatnonzero(split), [0, 1, 2, 6, 7, 10])
+    assert noise_share(split) == noise_share(clean), "the client's estimated noise level is unchanged"
+    # Uneven quotas: 7 clean of 12 is 3.5, 2.33 and 1.17; the largest remainder (label 0's) is rounded up.
+    seven = balanced(losses < 0.62, losses, labels)
+    assert seven.sum() == 7
+    assert [int(seven[labels == label].sum()) for label in (0, 1, 2)] == [4, 2, 1]
+    assert balanced(np.ones(12, dtype=bool), losses, labels).all()
+    assert not balanced(np.zeros(12, dtype=bool), losses, labels).any()
 
 
 def test_the_diagnostics_count_the_split_the_relabels_and_each_true_class_kept_and_mislabelled():

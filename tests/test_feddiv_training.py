@@ -220,6 +220,21 @@ def test_a_posterior_of_exactly_one_half_counts_as_clean(monkeypatch: pytest.Mon
     assert trained.extra.noise_estimate == pytest.approx(2 / 6)
 
 
+def test_a_balanced_split_gives_every_label_the_clients_clean_share(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The losses of the test above flag both of label 2's rows noisy (4 clean of 6). With
+    ``balanced_split`` each label keeps 4/6 of its two rows, the largest remainder going to label 0: label
+    0 keeps both, label 1 its smaller loss (row 4), label 2 one of its two (row 2, the first of equal losses)."""
+    monkeypatch.setattr(plugin, "per_sample_losses", lambda logits, labels: np.array([0.0, 1.0, 2.0, 0.0, 0.0, 2.0]))
+    narrow = NoiseFilter(0.0, 1.0, 1e-4, 1e-4, 0.5, 0.5)
+    rows = {}
+    for balanced in (False, True):
+        params = client_settings(relabel=False, pcs=False, balanced_split=balanced)
+        trained, spy = run_round(monkeypatch, params, confident(list(LABELS)), torch.zeros(6, 3), filter=narrow)
+        rows[balanced] = spy.calls[0]["rows"].numpy().tolist()
+        assert trained.extra.noise_estimate == pytest.approx(2 / 6)
+    assert rows == {False: [0, 1, 3, 4], True: [0, 2, 3, 4]}
+
+
 def test_without_a_global_filter_the_bootstrap_mixture_seed_names_the_client_and_the_round(
         monkeypatch: pytest.MonkeyPatch) -> None:
     """The stand-in local mixture of a round without a global filter is seeded per client and round:

@@ -3,7 +3,8 @@
 Warm-up: mixup training (+ eta L_reg) on every sample. Main phase, each round:
 1. the received global model's per-sample losses on the given labels, min-max normalised;
 2. the global filter's clean posterior splits the samples (>= 0.5 clean); delta_hat = noisy share;
-   without a global filter yet, a fresh local mixture (or a fixed filter) stands in;
+   without a global filter yet, a fresh local mixture (or a fixed filter) stands in; with
+   ``balanced_split`` (beyond the paper and the code) every given label keeps the client's clean share;
 3. a client with delta_hat < 0.1 trains on all its samples; otherwise noisy samples on which the
    global model is confident (max-probability >= zeta) take its label and the rest are dropped, and
    before every local epoch the predictive-consistency sampler keeps the candidates whose global
@@ -146,6 +147,23 @@ def noise_share(clean: np.ndarray) -> float:
     return float((~clean).mean())
 
 
+def balanced(clean: np.ndarray, losses: np.ndarray, labels: np.ndarray) -> np.ndarray:
+    """The split with the client's clean share in every given label (``balanced_split``): as many clean
+    samples as ``clean`` holds, each label's quota its share of them (the largest remainders rounded up,
+    ties to the smaller label), filled with the label's samples of smallest filter loss. A class the
+    global model confuses is then not flagged noisy wholesale, nor relabelled to its neighbour."""
+    classes, counts = np.unique(labels, return_counts=True)
+    exact = counts * clean.mean()
+    quotas = np.floor(exact).astype(int)
+    short = int(clean.sum()) - int(quotas.sum())
+    quotas[np.argsort(-(exact - quotas), kind="stable")[:short]] += 1
+    out = np.zeros(len(labels), dtype=bool)
+    for label, quota in zip(classes, quotas):
+        rows = np.flatnonzero(labels == label)
+        out[rows[np.argsort(losses[rows], kind="stable")[:quota]]] = True
+    return out
+
+
 def select(params: FedDivClientSettings, labels: np.ndarray, clean: np.ndarray, probabilities: np.ndarray,
            participations: int) -> Selection:
     """Eq. 11's candidates: all samples for a clean client (delta_hat below ``clean_client``); else
@@ -242,6 +260,8 @@ class FedDivPlugin(ClientPlugin):
         normalised = _scored_losses(global_model, global_logits, node, labels, params, server_round, "global")
         start = _splitting_filter(feddiv, node, server_round, normalised)
         clean = clean_posterior(normalised, start) >= 0.5
+        if params.balanced_split:
+            clean = balanced(clean, normalised, labels)
         kept = load_state(context, node)
         chosen = select(params, labels, clean, probabilities, kept.participations)
         sampler = ConsistencySampler(chosen, params, kept, global_logits, probabilities.argmax(axis=1), node)
