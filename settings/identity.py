@@ -35,6 +35,7 @@ AS_BEFORE: dict[str, Any] = {
     "strategy.client_score": "cumulative",
     "strategy.client_components": "two",
     "strategy.joiners": "as_clean",
+    "strategy.balanced_split": False,
     "extend_from": None,
 }
 """Options added after runs were stored, each with the value at which a run computes what a run of the

@@ -860,6 +860,20 @@ def test_a_finished_runs_record_outlives_its_outputs_and_is_reused_after_restore
     assert runs.finished(overrides) is None
 
 
+def test_every_field_record_is_still_the_same_run_as_the_field_plans_it_now():
+    # A default changed, or an option added without its as-before value, would make --reuse refuse
+    # the field's finished runs (and a stopped one would not resume): each record must still be the
+    # run the field bench plans at its budget, cell, seed and column.
+    records = sorted((BENCH.parent / "docs" / "records" / "bench-field").glob("fmnist-budget*/*/seed*/*.json"))
+    assert len(records) >= 40
+    for record in records:
+        budget = int(record.parts[-4].removeprefix("fmnist-budget"))
+        cell, seed, column = record.parts[-3], int(record.parts[-2].removeprefix("seed")), record.stem
+        stored = json.loads(record.read_text())["config"]
+        planned = runs.resolved_config(field_bench.cell_run(cell, column, seed, budget, "fmnist", []))
+        assert runs.changed_keys(stored, planned, runs.REUSE_IGNORES) == [], record
+
+
 def test_records_refuse_a_missing_folder_in_one_line_before_any_work(tmp_path, monkeypatch, capsys):
     records_bench = load_bench("records")
     monkeypatch.setattr(sys, "argv", ["bench/records.py", "restore", "--records", str(tmp_path / "none"),
