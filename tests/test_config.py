@@ -1,7 +1,11 @@
+import copy
+
 import pytest
+from omegaconf import OmegaConf
 
 from common.errors import ConfigError
 from settings.compose import compose_config, group_options
+from settings.identity import AS_BEFORE, NOT_IDENTITY, digest
 from settings.run import run_settings
 
 
@@ -48,6 +52,40 @@ def test_how_a_run_executes_does_not_move_its_folder():
                       ["server.checkpoint_every=3"], ["simulation.num_cpus_per_client=2"], ["client.device=cpu"],
                       ["dataset.cache_dir=/tmp/elsewhere"]):
         assert compose_config(overrides).out_dir == default, overrides
+
+
+@pytest.mark.parametrize("strategy", ["fedcorr", "feddiv"])
+def test_an_option_at_its_as_before_value_leaves_the_folder_where_runs_before_it_wrote(strategy):
+    """A run of code from before an option existed wrote where the same run writes now (its digest has
+    no such key): each ``AS_BEFORE`` option at its value moves no folder, at another value it does."""
+    config = OmegaConf.to_container(compose_config([f"strategy={strategy}"]), resolve=True)
+    config.pop("out_dir")
+    present = [key for key in AS_BEFORE if _has(config, key) and key not in NOT_IDENTITY]
+    assert present, "the strategy has options of AS_BEFORE to check"
+    for key in present:
+        parent, _, leaf = key.rpartition(".")
+        node = _node(config, parent)
+        assert node[leaf] == AS_BEFORE[key], f"{key} defaults to its as-before value"
+        older = copy.deepcopy(config)
+        del _node(older, parent)[leaf]
+        assert digest(older) == digest(config), key
+        other = copy.deepcopy(config)
+        _node(other, parent)[leaf] = "another"
+        assert digest(other) != digest(config), key
+
+
+def _node(config, dotted):
+    for part in filter(None, dotted.split(".")):
+        config = config[part]
+    return config
+
+
+def _has(config, dotted):
+    parent, _, leaf = dotted.rpartition(".")
+    try:
+        return leaf in _node(config, parent)
+    except KeyError:
+        return False
 
 
 def test_folder_names_are_plain_words():

@@ -11,6 +11,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = sorted([ROOT / "README.md", *ROOT.glob("docs/**/*.md")])
 LINK = re.compile(r"\]\(([^)#\s]+)(?:#[^)]*)?\)")
+RUN_FOLDER = re.compile(r"outputs/[\w./+-]+-[0-9a-f]{8}\b")
 CONF_PATH = re.compile(r"`(conf/[\w/.-]+\.yaml)`")
 PRESET_ROW = re.compile(r"^\| `(\w+\.yaml)` \|", re.MULTILINE)
 
@@ -51,3 +52,21 @@ def test_preset_table_lists_exactly_the_preset_files() -> None:
     listed = set(PRESET_ROW.findall(section))
     on_disk = {path.name for path in (ROOT / "conf" / "preset").glob("*.yaml")}
     assert listed == on_disk, f"only in the table: {sorted(listed - on_disk)}; undocumented: {sorted(on_disk - listed)}"
+
+
+SHOWN_RUNS = {"README.md": [], "docs/configuration.md": [],
+              "docs/first-hour.md": ["experiment=smoke", "strategy=fedcorr"]}
+"""The docs that show a default run folder, and the overrides of the run they show."""
+
+
+@pytest.mark.parametrize("doc", DOCS, ids=_name)
+def test_a_run_folder_a_doc_shows_is_where_that_run_writes(doc: Path) -> None:
+    """A default folder in the docs (its digest included) is the folder the run it names writes to now,
+    so a command that reads it (``strategy.stages12_from=...``) finds the run."""
+    from settings.compose import compose_config
+
+    shown = set(RUN_FOLDER.findall(doc.read_text()))
+    if _name(doc) not in SHOWN_RUNS:
+        assert not shown, f"{_name(doc)} shows run folders; add it and its run's overrides to SHOWN_RUNS"
+        return
+    assert shown == {compose_config(SHOWN_RUNS[_name(doc)]).out_dir}, _name(doc)
