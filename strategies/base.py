@@ -267,14 +267,20 @@ class FederatedStrategy(Strategy):
         in a smaller budget (``extend_from``): all of it but what the budget sizes."""
         if self.budget_sized is None:
             raise NotImplementedError(f"{type(self).__name__} cannot extend a run: the budget shapes its early rounds")
-        self.restore({name: value for name, value in state.items() if name not in self.budget_sized})
+        own = {name: getattr(self, name) for name in self.budget_sized if hasattr(self, name)}
+        self.restore({**state, **own})
 
     def restore(self, state: dict[str, Any]) -> None:
-        """Continue from ``state()`` of a strategy built and bound with the same settings."""
+        """Continue from ``state()`` of a strategy built and bound with the same settings. A checkpoint
+        of another version of the strategy, with state this one lacks or lacking state this one keeps
+        (whose fresh value would not be what the run had learnt), is refused."""
         unknown = sorted(set(state) - set(vars(self)))
-        if unknown:
-            raise RuntimeError(f"the checkpoint holds {type(self).__name__} state {unknown} that this version "
-                               "of the strategy does not have; resume with the version that wrote it")
+        missing = sorted(set(vars(self)) - set(state) - self.transient)
+        for names, how in ((unknown, "holds {} state {} that this version of the strategy does not have"),
+                           (missing, "lacks {} state {} that this version of the strategy keeps")):
+            if names:
+                raise RuntimeError(f"the checkpoint {how.format(type(self).__name__, names)}; resume with the "
+                                   "version that wrote it")
         for name, value in state.items():
             setattr(self, name, value)
 

@@ -229,6 +229,32 @@ def test_restore_refuses_a_state_this_version_does_not_have_naming_it():
     assert new.best == 0.0, "nothing is restored from a refused state"
 
 
+def test_restore_refuses_a_state_without_what_this_version_keeps_naming_it():
+    """A checkpoint of an older version, without state this version learns, would leave that state at
+    its fresh value in the middle of a run: refused, naming it."""
+    new = tiny(3)
+    with pytest.raises(RuntimeError) as refused:
+        new.restore({"best": 0.5})
+    assert str(refused.value) == ("the checkpoint lacks Tiny state ['aggregated'] that this version of the "
+                                  "strategy keeps; resume with the version that wrote it")
+    assert new.best == 0.0, "nothing is restored from a refused state"
+
+
+class Sized(Tiny):
+    """Tiny with ``best`` sized by the budget, so a longer run extending a shorter one keeps its own."""
+
+    budget_sized = frozenset({"best"})
+
+
+def test_extend_takes_every_state_but_what_the_budget_sizes():
+    shorter = Sized(TinySettings(rounds=3), context())
+    shorter.aggregated, shorter.best = [1, 2], 0.75
+    longer = Sized(TinySettings(rounds=6), context())
+    longer.best = 0.25
+    longer.extend(shorter.state())
+    assert (longer.aggregated, longer.best) == ([1, 2], 0.25)
+
+
 def test_run_log_keeps_each_rounds_train_loss_and_observer_scores():
     log = RunLog()
     assert (log.completed, log.current, log.comm_cost) == (0, 0, 0)
