@@ -3,11 +3,13 @@
 Each finished round appends one line to ``rounds.jsonl`` and one to ``rounds.csv`` and rewrites the
 small ``results.json`` (config, summary, the latest confusion matrix; ``"complete": false``), so a
 round costs the same at round 1,000 as at round 1, and a run killed at any point leaves readable
-files. When the run ends, results.json gets every round and the method's blocks and
-``"complete": true``, and arrays too large for it go to files beside it (``confusion.npz``: the
-clients' label confusion counts). ``read_payload`` reads a run in either state. Its ``test_confusion`` block is
-the confusion matrix of the latest central evaluation (at the end: the final round's), which shows
-what an accuracy alone hides: a collapsed model, or a class map learnt shifted under pair-flip noise.
+files. Each checkpoint adds the method's blocks as they stand (FedCorr's detection after each
+stage-1 iteration, say), so a stopped run's file shows them too. When the run ends, results.json
+gets every round and the method's blocks and ``"complete": true``, and arrays too large for it go to
+files beside it (``confusion.npz``: the clients' label confusion counts). ``read_payload`` reads a
+run in either state. Its ``test_confusion`` block is the confusion matrix of the latest central
+evaluation (at the end: the final round's), which shows what an accuracy alone hides: a collapsed
+model, or a class map learnt shifted under pair-flip noise.
 
 A resumed run starts from its checkpoint's copy of the writer (``state``): both round files are
 rewritten with the checkpoint's rounds, dropping whatever the killed attempt appended after it.
@@ -149,6 +151,12 @@ class ResultsWriter:
                 write_npz(self.dir / name, files[name])
             else:
                 (self.dir / name).unlink(missing_ok=True)
+
+    def blocks(self, blocks: Mapping[str, Any]) -> None:
+        """The method's blocks (``fedcorr={...}``) as of a checkpoint, in results.json while the run
+        goes on: a stopped run's file shows what its method had found by then."""
+        self.extra.update(blocks)
+        self._write(complete=False)
 
     def finish(self, **extra: Any) -> dict[str, Any]:
         """Mark the run complete, with every round and the method-specific blocks (``fedcorr={...}``)."""

@@ -234,6 +234,7 @@ class Checkpointer:
             log=self.strategy.log.state(), generators=generator_states(self.strategy.rng),
             results=self.results.state(), lineage=self.lineage,
         ), stage_end)
+        self.results.blocks(self.strategy.result_blocks())
 
     def scope(self, server_round: int) -> StateScope:
         """The state scope of ``server_round``'s instructions: this run's lineage and the kept checkpoints."""
@@ -265,9 +266,10 @@ def run_server(grid: Grid, plan: RunPlan, command: str | None = None, overrides:
     checkpoint = start.checkpoint
     results = ResultsWriter(settings.out_dir, settings.resolved, None if checkpoint is None else checkpoint.results,
                             provenance(command, overrides))
+    start.take_over(strategy)
     if checkpoint is not None:
         arrays = checkpoint.global_arrays()
-    start.take_over(strategy)
+        results.blocks(strategy.result_blocks())  # as of the checkpoint, until the next one refreshes them
     store.write_record(RunRecord(settings.resolved, start.lineage))
     live = open_live_curves(settings, strategy.result_blocks, results.rounds)
     strategy.observe(RoundReporter(EvaluationSchedule.of(settings, strategy), CentralEvaluator(settings, dataset),

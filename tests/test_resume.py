@@ -22,6 +22,7 @@ from grid import LocalGrid
 
 from client.state_store import admitted, enter, load_record, save_record, versions
 from common.errors import ConfigError
+from common.run_files import read_payload
 from protocol.messages import HELD, StateScope, with_scope
 from reports.runs import find_runs
 from server.checkpoints import Checkpoint, CheckpointStore, Lineage, read_checkpoint
@@ -152,6 +153,24 @@ def test_a_run_killed_mid_round_resumes_to_the_uninterrupted_result(run_at, tmp_
         assert len(reference["fedcorr"]["iterations"]) == 2
     if name == "fedcorr":  # its clients' confusion counts, half of them sent before the kill
         assert "confusion.npz" in array_files(tmp_path / "resumed")
+
+
+def test_a_stopped_run_shows_its_methods_blocks_as_of_its_last_checkpoint(run_at, tmp_path):
+    """Killed in stage 3, a FedCorr run's results.json (not complete) already holds its stage-1
+    detection and the clients stage 2 finetuned on, as the whole run reports them."""
+    overrides = f"{RUNS['fedcorr']} strategy.t3=4"
+    reference, whole = run_at(overrides, "reference")
+    assert run_at(overrides, "killed", kill_at=len(whole.delivered) - 1)[0] is None
+    last = max(CheckpointStore(tmp_path / "killed").rounds())
+    assert [row["stage"] for row in reference["rounds"]][last - 1] == "usual", "killed in stage 3"
+    stopped = read_payload(tmp_path / "killed")
+    reported = json.loads(json.dumps(reference["fedcorr"]))
+    assert stopped["complete"] is False
+    for key in ("iterations", "detected_noisy_clients", "finetune_clients"):
+        assert stopped["fedcorr"][key] == reported[key], key
+    # Resumed and killed again before its first round (10 discovery, 10 held queries): still there.
+    assert run_at(f"{overrides} resume=true", "killed", kill_at=20)[0] is None
+    assert read_payload(tmp_path / "killed")["fedcorr"] == stopped["fedcorr"]
 
 
 def test_a_fresh_run_leaves_no_array_file_of_an_earlier_run_in_its_folder(run_at, tmp_path):
