@@ -156,9 +156,10 @@ def test_a_run_killed_mid_round_resumes_to_the_uninterrupted_result(run_at, tmp_
 
 
 def test_a_stopped_run_shows_its_methods_blocks_as_of_its_last_checkpoint(run_at, tmp_path):
-    """Killed in stage 3, a FedCorr run's results.json (not complete) already holds its stage-1
-    detection and the clients stage 2 finetuned on, as the whole run reports them."""
-    overrides = f"{RUNS['fedcorr']} strategy.t3=4"
+    """Killed in stage 3 (PoC), a FedCorr run's results.json (not complete) already holds its stage-1
+    detection and the clients stage 2 finetuned on, as the whole run reports them, and stage 3's
+    block as of its last checkpoint, not of stage 2's end."""
+    overrides = RUNS["fedcorr"].replace("stage3=feddyn", "stage3=poc") + " strategy.t3=4"
     reference, whole = run_at(overrides, "reference")
     assert run_at(overrides, "killed", kill_at=len(whole.delivered) - 1)[0] is None
     last = max(CheckpointStore(tmp_path / "killed").rounds())
@@ -168,9 +169,11 @@ def test_a_stopped_run_shows_its_methods_blocks_as_of_its_last_checkpoint(run_at
     assert stopped["complete"] is False
     for key in ("iterations", "detected_noisy_clients", "finetune_clients"):
         assert stopped["fedcorr"][key] == reported[key], key
+    assert 0 < stopped["poc"]["loss_queries"] < reference["poc"]["loss_queries"], "some stage-3 rounds, not all"
     # Resumed and killed again before its first round (10 discovery, 10 held queries): still there.
     assert run_at(f"{overrides} resume=true", "killed", kill_at=20)[0] is None
-    assert read_payload(tmp_path / "killed")["fedcorr"] == stopped["fedcorr"]
+    again = read_payload(tmp_path / "killed")
+    assert (again["fedcorr"], again["poc"]) == (stopped["fedcorr"], stopped["poc"])
 
 
 def test_a_fresh_run_leaves_no_array_file_of_an_earlier_run_in_its_folder(run_at, tmp_path):
