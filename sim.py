@@ -52,7 +52,7 @@ from data.scene import planned_scene, prepare_scene  # noqa: E402
 from launch.jobs import Finished, Job, Launcher  # noqa: E402
 from reports.runs import MULTIRUN_INDEX  # noqa: E402  (a multirun lists its jobs' out_dirs for report.py)
 from server.config import RunPlan, load_run  # noqa: E402
-from server.interrupt import INTERRUPTED, exit_now, handle_interrupts, stopped_line  # noqa: E402
+from server.interrupt import INTERRUPTED, TERMINATED, exit_now, handle_interrupts, stopped_line, terminated  # noqa: E402
 from settings.command_line import checked_jobs, for_hydra, split_command_line  # noqa: E402
 from settings.compose import COMMAND_KEY, CONF_DIR, RUN_CONFIG_KEY, WORKDIR_KEY  # noqa: E402  (also registers the default out_dir's resolvers)
 from settings.run import check_ray_address  # noqa: E402
@@ -180,6 +180,11 @@ def main(cfg: DictConfig) -> None:
         # Flower's runtime and run_simulation_engine have stopped the workers and Ray on the way here.
         print(f"\n{stopped_line(cfg.out_dir)}", file=sys.stderr)
         exit_now(INTERRUPTED)
+    except SystemExit as err:
+        if not terminated(err):
+            raise
+        print(f"\n{stopped_line(cfg.out_dir, 'SIGTERM')}", file=sys.stderr)
+        exit_now(TERMINATED)
     if hydra_cfg.mode == RunMode.MULTIRUN:
         with open(Path(hydra_cfg.sweep.dir) / MULTIRUN_INDEX, "a") as index:
             index.write(f"{Path(cfg.out_dir).resolve()}\n")

@@ -9,6 +9,10 @@ is written whole or appended a line at a time (readers skip a line cut short), s
 instant leaves them valid. A second SIGINT while the first is being handled says what is happening
 instead of interrupting the clean-up; a third leaves at once.
 
+SIGTERM, which a scheduler sends at a job's time limit or on preemption, unwinds the run as a
+``SystemExit``: Ray shuts down on the way out and the command says where the run stopped, with its
+own exit status (``TERMINATED``).
+
 Python drops an exception raised where nothing can receive it (an at-fork callback while Ray starts
 its processes, a finaliser) and only prints it as "Exception ignored". A first Ctrl-C lost that way
 is delivered again, as a fresh SIGINT, 50 ms after it is dropped.
@@ -32,6 +36,8 @@ from server.checkpoints import CheckpointStore
 
 INTERRUPTED = 130
 """The exit status of a command stopped by SIGINT (128 + 2), as shells report it."""
+TERMINATED = 143
+"""The exit status of a command stopped by SIGTERM (128 + 15): a scheduler's preemption or time limit."""
 
 
 def exit_now(status: int) -> NoReturn:
@@ -85,11 +91,20 @@ def _redeliver(unraisable: sys.UnraisableHookArgs) -> None:
     sys.__unraisablehook__(unraisable)
 
 
+def _terminated(signum: int, frame: FrameType | None) -> None:
+    logging.getLogger("flwr").disabled = True  # as after a Ctrl-C: the messages cut short are expected
+    raise SystemExit(signum)
+
+
 def handle_interrupts() -> None:
     """From now on the first Ctrl-C raises KeyboardInterrupt, a second one says that the clean-up is
     under way (instead of a traceback from wherever it was) and a third ends the process at once. A
     SIGINT that whoever started the process ignores (a script's background job) stays ignored. A first
-    Ctrl-C that Python drops is sent again (see the module's docstring). Main thread only."""
+    Ctrl-C that Python drops is sent again (see the module's docstring). SIGTERM (a scheduler's
+    preemption) raises ``SystemExit(SIGTERM)``, as Ray's own handler does once Ray has started in the
+    process, so the run unwinds, Ray shuts down and the command can say where it stopped
+    (``terminated``). Main thread only."""
+    signal.signal(signal.SIGTERM, _terminated)
     if signal.getsignal(signal.SIGINT) is not signal.SIG_IGN:
         signal.signal(signal.SIGINT, _first)
         sys.unraisablehook = _redeliver
@@ -97,9 +112,14 @@ def handle_interrupts() -> None:
             threading.Thread(target=_deliver_dropped, name=_DELIVERER, daemon=True).start()
 
 
-def stopped_line(out_dir: str | Path) -> str:
+def terminated(exit: SystemExit) -> bool:
+    """Whether ``exit`` is the unwinding of a SIGTERM (``handle_interrupts``, or Ray's handler)."""
+    return exit.code == signal.SIGTERM
+
+
+def stopped_line(out_dir: str | Path, by: str = "Ctrl-C") -> str:
     """``stopped by Ctrl-C after round 12 (...)``: the last finished round in ``out_dir`` and what a
-    resume continues from."""
+    resume continues from; ``by``: what stopped it."""
     rounds = read_rounds(out_dir)
     done = f"after round {rounds[-1]['round']}" if rounds else "before its first round finished"
     kept = CheckpointStore(out_dir).rounds()
@@ -108,4 +128,4 @@ def stopped_line(out_dir: str | Path) -> str:
                f"from there")
     else:
         how = "it has no checkpoint yet: the same command starts it again"
-    return f"stopped by Ctrl-C {done}; results so far in {out_dir}; {how}"
+    return f"stopped by {by} {done}; results so far in {out_dir}; {how}"

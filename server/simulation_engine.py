@@ -5,8 +5,10 @@ from __future__ import annotations
 import inspect
 import os
 import secrets
+import signal
 import sys
 import tempfile
+import threading
 import warnings
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -102,7 +104,10 @@ def run_simulation_engine(
         if simulation.ray_address is not None:
             # Joined here rather than by Flower, so the nodes are checked before the first round; the
             # workers get this process's import path, as Flower gives them when it starts Ray itself.
+            handler = signal.getsignal(signal.SIGTERM)
             ray.init(runtime_env={"env_vars": {"PYTHONPATH": os.pathsep.join(sys.path)}}, **init_args)
+            if handler is not None and threading.current_thread() is threading.main_thread():
+                signal.signal(signal.SIGTERM, handler)  # Ray's own replaced the command's (server.interrupt)
             if check_nodes is not None:
                 check_nodes(simulation.ray_address)
         with warnings.catch_warnings():

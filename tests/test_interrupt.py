@@ -12,7 +12,7 @@ import time
 import pytest
 
 from server.checkpoints import CHECKPOINTS
-from server.interrupt import handle_interrupts, stopped_line
+from server.interrupt import handle_interrupts, stopped_line, terminated
 
 
 def test_the_line_names_the_last_round_and_the_checkpoint_a_resume_continues_from(tmp_path):
@@ -33,11 +33,13 @@ def test_a_run_stopped_before_its_first_checkpoint_starts_again(tmp_path):
 
 @pytest.fixture
 def interrupts():
-    """``handle_interrupts`` for one test; puts back the SIGINT handler, the unraisable hook and Flower's
-    log as they were."""
+    """``handle_interrupts`` for one test; puts back the SIGINT and SIGTERM handlers, the unraisable hook
+    and Flower's log as they were."""
     handler, hook, muted = signal.getsignal(signal.SIGINT), sys.unraisablehook, logging.getLogger("flwr").disabled
+    term = signal.getsignal(signal.SIGTERM)
     yield handle_interrupts
     signal.signal(signal.SIGINT, handler)
+    signal.signal(signal.SIGTERM, term)
     sys.unraisablehook = hook
     logging.getLogger("flwr").disabled = muted
 
@@ -51,6 +53,18 @@ def test_the_first_ctrl_c_interrupts_and_mutes_flower_and_the_second_does_not(in
     assert logging.getLogger("flwr").disabled
     signal.raise_signal(signal.SIGINT)  # no exception: the clean-up goes on
     assert "stopping: Ray is shutting down" in capsys.readouterr().err
+
+
+def test_sigterm_unwinds_the_run_as_an_exit_the_command_knows_and_mutes_flower(interrupts):
+    interrupts()
+    with pytest.raises(SystemExit) as stopped:
+        signal.raise_signal(signal.SIGTERM)
+    assert terminated(stopped.value) and not terminated(SystemExit(2))
+    assert logging.getLogger("flwr").disabled
+
+
+def test_the_line_says_what_stopped_the_run(tmp_path):
+    assert stopped_line(tmp_path, "SIGTERM").startswith("stopped by SIGTERM before its first round finished; ")
 
 
 class _CtrlCInFinaliser:

@@ -27,9 +27,10 @@ SMOKE = ["experiment=smoke", "strategy=fedavg", "strategy.train.epochs=1", "stra
 
 
 def interrupted(args: list[str], log: Path, ready: Callable[[str], bool], signals: int = 1,
-                ) -> tuple[subprocess.Popen, float]:
+                terminate: bool = False) -> tuple[subprocess.Popen, float]:
     """Start ``sim.py args``; once ``ready(its output so far)``, send SIGINT to its process group
-    ``signals`` times; returns the ended process and the seconds it took to end."""
+    ``signals`` times (``terminate``: SIGTERM to the command's own process only, as a container
+    runtime stops its main process); returns the ended process and the seconds it took to end."""
     with open(log, "w") as out:
         proc = subprocess.Popen([sys.executable, "sim.py", *args], cwd=REPO, stdout=out, stderr=subprocess.STDOUT,
                                 start_new_session=True)
@@ -42,7 +43,10 @@ def interrupted(args: list[str], log: Path, ready: Callable[[str], bool], signal
             time.sleep(0.05)
         sent = time.monotonic()
         for _ in range(signals):
-            os.killpg(group, signal.SIGINT)
+            if terminate:
+                os.kill(proc.pid, signal.SIGTERM)
+            else:
+                os.killpg(group, signal.SIGINT)
             time.sleep(0.2)
         try:
             proc.wait(timeout=STOP_WITHIN)
@@ -96,3 +100,21 @@ def test_a_ctrl_c_while_ray_starts_leaves_no_ray_process(tmp_path):
     text = (tmp_path / "log").read_text()
     assert proc.returncode == 130 and "Traceback" not in text and "ERROR" not in text, text[-3000:]
     assert last_line(tmp_path / "log").startswith("stopped by Ctrl-C before its first round finished; ")
+
+
+def test_sigterm_stops_the_run_as_ctrl_c_does_with_its_own_status(tmp_path):
+    """A scheduler's SIGTERM (a time limit, a preemption) to the command alone: it ends within seconds
+    with status 143 and the same line, no process of its group is left, and the run resumes."""
+    out = tmp_path / "run"
+    args = [*SMOKE, f"out_dir={out}"]
+    proc, took = interrupted(args, tmp_path / "log", lambda text: "[round    5/20]" in text, terminate=True)
+    text = (tmp_path / "log").read_text()
+    assert proc.returncode == 143 and "Traceback" not in text and "ERROR" not in text, text[-3000:]
+    rounds = [row["round"] for row in read_rounds(out)]
+    line = last_line(tmp_path / "log")
+    assert line.startswith(f"stopped by SIGTERM after round {rounds[-1]}; results so far in {out}; "), line
+    assert line.endswith("the same command with resume=true continues from there"), line
+    print(f"stopped {took:.1f} s after SIGTERM")
+    done = sim(*args, "resume=true", timeout=START_TIMEOUT)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert json.loads((out / "results.json").read_text())["complete"]
