@@ -112,9 +112,9 @@ def handle_interrupts() -> None:
             threading.Thread(target=_deliver_dropped, name=_DELIVERER, daemon=True).start()
 
 
-def terminated(exit: SystemExit) -> bool:
-    """Whether ``exit`` is the unwinding of a SIGTERM (``handle_interrupts``, or Ray's handler)."""
-    return exit.code == signal.SIGTERM
+def terminated(stop: SystemExit) -> bool:
+    """Whether ``stop`` is the unwinding of a SIGTERM (``handle_interrupts``, or Ray's handler)."""
+    return stop.code == signal.SIGTERM
 
 
 def stopped_line(out_dir: str | Path, by: str = "Ctrl-C") -> str:
