@@ -48,7 +48,7 @@ def digest(config: dict[str, Any]) -> str:
     ``SCENE_KEYS``: the method, its options, the model, the schedule, the budget, the transforms. A key
     of ``AS_BEFORE`` at its value is left out, as ``changed_keys`` leaves it out: adding an option keeps
     the default folders of the runs that were made before it."""
-    kept = _without_as_before(_without(config, NOT_IDENTITY | SCENE_KEYS))
+    kept = _without(config, NOT_IDENTITY | SCENE_KEYS)
     text = json.dumps(kept, sort_keys=True, separators=(",", ":"), default=str)
     return hashlib.sha256(text.encode()).hexdigest()[:8]
 
@@ -59,22 +59,13 @@ def run_differences(before: dict[str, Any], after: dict[str, Any]) -> list[str]:
 
 
 def _without(values: dict[str, Any], ignore: frozenset[str], prefix: str = "") -> dict[str, Any]:
+    """``values`` without the keys of ``ignore`` and the ``AS_BEFORE`` keys at their as-before values."""
     kept: dict[str, Any] = {}
     for key, value in values.items():
         path = f"{prefix}{key}"
-        if path in ignore:
+        if path in ignore or (path in AS_BEFORE and AS_BEFORE[path] == value):
             continue
         kept[key] = _without(value, ignore, f"{path}.") if isinstance(value, dict) else value
-    return kept
-
-
-def _without_as_before(values: dict[str, Any], prefix: str = "") -> dict[str, Any]:
-    kept: dict[str, Any] = {}
-    for key, value in values.items():
-        path = f"{prefix}{key}"
-        if path in AS_BEFORE and AS_BEFORE[path] == value:
-            continue
-        kept[key] = _without_as_before(value, f"{path}.") if isinstance(value, dict) else value
     return kept
 
 
