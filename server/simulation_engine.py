@@ -83,7 +83,7 @@ def run_simulation_engine(
 
     Ray is started with ``simulation.ray_init_args`` over quiet defaults (no dashboard, Ray logs at ERROR and
     actor output hidden unless ``verbose``) and is shut down on return, also after an error. If Ray
-    is already running, Flower reuses it, so ``ray_init_args`` do not apply, and still shuts it down.
+    is already running, the run reuses it, so ``ray_init_args`` do not apply, and still shuts it down.
     """
     check_ray_init_args(simulation.ray_init_args)
     verbose = simulation.verbose
@@ -101,15 +101,18 @@ def run_simulation_engine(
         "init_args": init_args,
     }
     try:
-        if simulation.ray_address is not None:
-            # Joined here rather than by Flower, so the nodes are checked before the first round; the
-            # workers get this process's import path, as Flower gives them when it starts Ray itself.
+        if not ray.is_initialized():
+            # Started (or joined) here rather than by Flower, which would start it the same way from the
+            # same thread, so that a SIGTERM handler of the command's own (server.interrupt), which
+            # ray.init replaces with one that does not mute Flower's log, is put back before the first
+            # round, and a cluster's nodes are checked. The workers get this process's import path, as
+            # Flower gives them. Without a handler of its own, Ray's stays: it unwinds the run.
             handler = signal.getsignal(signal.SIGTERM)
             ray.init(runtime_env={"env_vars": {"PYTHONPATH": os.pathsep.join(sys.path)}}, **init_args)
-            if handler is not None and threading.current_thread() is threading.main_thread():
-                signal.signal(signal.SIGTERM, handler)  # Ray's own replaced the command's (server.interrupt)
-            if check_nodes is not None:
-                check_nodes(simulation.ray_address)
+            if callable(handler) and threading.current_thread() is threading.main_thread():
+                signal.signal(signal.SIGTERM, handler)
+        if simulation.ray_address is not None and check_nodes is not None:
+            check_nodes(simulation.ray_address)
         with warnings.catch_warnings():
             # Ray's advice about a future change of CUDA_VISIBLE_DEVICES for num_gpus=0 actors;
             # the current behaviour (actors without GPUs see none) is the one we want.
