@@ -52,7 +52,7 @@ from data.scene import planned_scene, prepare_scene  # noqa: E402
 from launch.jobs import Finished, Job, Launcher  # noqa: E402
 from reports.runs import MULTIRUN_INDEX  # noqa: E402  (a multirun lists its jobs' out_dirs for report.py)
 from server.config import RunPlan, load_run  # noqa: E402
-from server.interrupt import INTERRUPTED, TERMINATED, exit_now, handle_interrupts, stopped_line, terminated  # noqa: E402
+from server.interrupt import exit_now, handle_interrupts, stopped_by, stopped_line  # noqa: E402
 from settings.command_line import checked_jobs, for_hydra, split_command_line  # noqa: E402
 from settings.compose import COMMAND_KEY, CONF_DIR, RUN_CONFIG_KEY, WORKDIR_KEY  # noqa: E402  (also registers the default out_dir's resolvers)
 from settings.run import check_ray_address  # noqa: E402
@@ -176,15 +176,13 @@ def main(cfg: DictConfig) -> None:
         sys.exit(2)
     except RuntimeError as err:
         runtime_failed(err)
-    except KeyboardInterrupt:
+    except (KeyboardInterrupt, SystemExit) as stop:
         # Flower's runtime and run_simulation_engine have stopped the workers and Ray on the way here.
-        print(f"\n{stopped_line(cfg.out_dir)}", file=sys.stderr)
-        exit_now(INTERRUPTED)
-    except SystemExit as err:
-        if not terminated(err):
+        how = stopped_by(stop)
+        if how is None:
             raise
-        print(f"\n{stopped_line(cfg.out_dir, 'SIGTERM')}", file=sys.stderr)
-        exit_now(TERMINATED)
+        print(f"\n{stopped_line(cfg.out_dir, how[0])}", file=sys.stderr)
+        exit_now(how[1])
     if hydra_cfg.mode == RunMode.MULTIRUN:
         with open(Path(hydra_cfg.sweep.dir) / MULTIRUN_INDEX, "a") as index:
             index.write(f"{Path(cfg.out_dir).resolve()}\n")
@@ -290,11 +288,14 @@ def run_concurrently(jobs: list[tuple[list[str], RunPlan]], argv: list[str], lau
 
     try:
         ended = launcher.run([Job(name, launcher.sim_argv(job)) for name, job in zip(names, words)], listed)
-    except KeyboardInterrupt:
-        print(f"\nstopped: the jobs still running were stopped; the finished ones are listed in "
+    except (KeyboardInterrupt, SystemExit) as stop:
+        how = stopped_by(stop)
+        if how is None:
+            raise
+        print(f"\nstopped by {how[0]}: the jobs still running were stopped; the finished ones are listed in "
               f"{sweep / MULTIRUN_INDEX}. The same command with resume=true continues each stopped run from "
               "its last checkpoint", file=sys.stderr)
-        return INTERRUPTED
+        return how[1]
     where = f" on {launcher.cluster}" if launcher.cluster else ""
     print(f"\n{counted(len(ended), 'job')}, {launcher.jobs} at a time{where}; runs listed in {sweep / MULTIRUN_INDEX}")
     for finished in ended:

@@ -35,6 +35,7 @@ from launch.jobs import Job, Launcher, Step  # noqa: E402
 from reports.tables import mean_std  # noqa: E402
 from server.checkpoints import CheckpointStore  # noqa: E402
 from server.config import BOOKKEEPING_KEYS, RESUME_MAY_CHANGE, load_run  # noqa: E402
+from server.interrupt import stopped_by  # noqa: E402
 from server.results import read_results  # noqa: E402
 from settings.compose import compose_config  # noqa: E402
 from settings.identity import EXECUTION_KEYS, changed_keys, config_changes  # noqa: E402
@@ -589,10 +590,13 @@ def main_with_clear_errors(main: Callable[[], None]) -> None:
     except ConfigError as err:
         print(f"error: {err}", file=sys.stderr)
         sys.exit(2)
-    except KeyboardInterrupt:
-        print("\nstopped: the same command with --reuse continues each unfinished run from its last checkpoint",
-              file=sys.stderr)
-        sys.exit(130)
+    except (KeyboardInterrupt, SystemExit) as stop:
+        how = stopped_by(stop)
+        if how is None:
+            raise
+        print(f"\nstopped by {how[0]}: the same command with --reuse continues each unfinished run from its "
+              "last checkpoint", file=sys.stderr)
+        sys.exit(how[1])
     except RunsFailed as err:
         for out_dir, status in err.failed:
             print(f"error: the run of {out_dir} exited with status {status} (its lines above; --reuse resumes it)",

@@ -14,13 +14,16 @@ the cluster's nodes here: Flower sizes a run's actor pool by the cluster's total
 joining one cluster would each wait for actors the other holds. Every node must see the project, the
 data and the outputs at the same paths (docs/cluster.md).
 
-Each line a job prints is echoed with the job's name in front. The first Ctrl-C stops every job (a
-SIGINT to its process group, then SIGKILL after ``STOP_GRACE_S``), and a run stopped mid-way resumes
-from its checkpoint later.
+Each line a job prints is echoed with the job's name in front. The first Ctrl-C, or a SIGTERM to this
+process (``kill``, a scheduler's time limit), stops every job: a SIGTERM to each job's command, which
+stops its run as a Ctrl-C would (a job that a script started in the background ignores SIGINT, never
+SIGTERM), then SIGKILL to whatever is left of its process group after ``STOP_GRACE_S``. Each stopped
+job is named with how it ended, and a run stopped mid-way resumes from its checkpoint later.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import os
@@ -29,10 +32,11 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import FrameType
 from typing import Any, TextIO
 
 from common.errors import InvalidValue
@@ -188,11 +192,32 @@ class Launcher:
         ready step first whenever a place is free; None for a step with nothing to run or skipped."""
         schedule = Schedule(steps)
         out = stream if stream is not None else sys.stdout
-        if self.cluster is not None:
-            _ClusterRun(self, out).run(schedule, done)
-        else:
-            _LocalRun(self, out).run(schedule, done)
+        with _sigterm_unwinds():
+            if self.cluster is not None:
+                _ClusterRun(self, out).run(schedule, done)
+            else:
+                _LocalRun(self, out).run(schedule, done)
         return schedule.results()
+
+
+def _unwind(signum: int, frame: FrameType | None) -> None:
+    raise SystemExit(signum)
+
+
+@contextlib.contextmanager
+def _sigterm_unwinds() -> Iterator[None]:
+    """While jobs run, a SIGTERM to this process raises ``SystemExit(SIGTERM)`` (as ``ray.init`` makes it
+    do), so the launcher stops its jobs on the way out: each runs in a session of its own, which the
+    signal's default, ending this process at once, would leave running. Main thread only; a SIGTERM
+    that whoever started this process ignores stays ignored."""
+    if threading.current_thread() is not threading.main_thread() or signal.getsignal(signal.SIGTERM) is signal.SIG_IGN:
+        yield
+        return
+    before = signal.signal(signal.SIGTERM, _unwind)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, before)
 
 
 def _given(job: Job) -> Job:
@@ -219,7 +244,7 @@ class _LocalRun:
         self.launcher = launcher
         self.stream = stream
         self.lock = threading.Lock()
-        self.running: dict[int, subprocess.Popen[str]] = {}
+        self.running: dict[int, tuple[Job, subprocess.Popen[str]]] = {}
         self.stopping = threading.Event()
 
     def one(self, job: Job) -> Finished:
@@ -229,7 +254,7 @@ class _LocalRun:
             self.stream.write(f"[{job.name}] starting: {' '.join(job.argv[1:])}\n")
             self.stream.flush()
         process = _start(job)
-        self.running[process.pid] = process
+        self.running[process.pid] = (job, process)
         try:
             assert process.stdout is not None
             _echo(job.name, process.stdout, self.stream, self.lock, self.stopping)
@@ -239,9 +264,17 @@ class _LocalRun:
         return Finished(job, returncode, time.perf_counter() - start)
 
     def stop(self) -> None:
-        """Stop every running job (``_stop_all``), and echo none of their lines from now on."""
+        """Stop every running job (``_stop_all``), echo none of their lines from now on (a stopped run's
+        traceback says nothing new) and say how each one ended."""
         self.stopping.set()
-        _stop_all(list(self.running.values()))
+        running = list(self.running.values())
+        statuses = _stop_all([process for _, process in running])
+        with self.lock:
+            for (job, _), status in zip(running, statuses):
+                how = (f"exit status {status}" if status is not None
+                       else f"killed, still running {STOP_GRACE_S:.0f} s after SIGTERM")
+                self.stream.write(f"[{job.name}] stopped: {how}\n")
+            self.stream.flush()
 
     def run(self, schedule: Schedule, done: Callable[[Finished], None] | None) -> None:
         """Run the schedule's jobs in a pool of ``launcher.jobs`` threads, each waiting on one child."""
@@ -273,25 +306,23 @@ def _start(job: Job, env: dict[str, str] | None = None) -> subprocess.Popen[str]
                             env=env, start_new_session=True)
 
 
-def _stop_all(processes: list[subprocess.Popen[str]]) -> None:
-    """Stop jobs as a Ctrl-C would, so each run shuts its own Ray down: SIGINT to every job's group, then,
-    after at most ``STOP_GRACE_S`` in all, SIGKILL to whatever is left of each group."""
+def _stop_all(processes: list[subprocess.Popen[str]]) -> list[int | None]:
+    """Stop jobs as a scheduler stops a run, so each shuts its own Ray down and keeps its checkpoint:
+    SIGTERM to every job's command, then, after at most ``STOP_GRACE_S`` in all, SIGKILL to whatever is
+    left of each job's group. Returns each job's exit status, None where it was still running then."""
     for process in processes:
-        _signal_group(process.pid, signal.SIGINT)
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(process.pid, signal.SIGTERM)
     deadline = time.monotonic() + STOP_GRACE_S
+    statuses: list[int | None] = []
     for process in processes:
         try:
-            process.wait(timeout=max(0.1, deadline - time.monotonic()))
+            statuses.append(process.wait(timeout=max(0.1, deadline - time.monotonic())))
         except subprocess.TimeoutExpired:
-            pass
-        _signal_group(process.pid, signal.SIGKILL)
-
-
-def _signal_group(pid: int, sig: signal.Signals) -> None:
-    try:
-        os.killpg(pid, sig)
-    except ProcessLookupError:
-        pass
+            statuses.append(None)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGKILL)
+    return statuses
 
 
 def _clean_environment() -> dict[str, str]:

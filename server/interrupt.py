@@ -103,7 +103,7 @@ def handle_interrupts() -> None:
     Ctrl-C that Python drops is sent again (see the module's docstring). SIGTERM (a scheduler's
     preemption) raises ``SystemExit(SIGTERM)``, as Ray's own handler does once Ray has started in the
     process, so the run unwinds, Ray shuts down and the command can say where it stopped
-    (``terminated``). Main thread only."""
+    (``stopped_by``). Main thread only."""
     signal.signal(signal.SIGTERM, _terminated)
     if signal.getsignal(signal.SIGINT) is not signal.SIG_IGN:
         signal.signal(signal.SIGINT, _first)
@@ -112,9 +112,15 @@ def handle_interrupts() -> None:
             threading.Thread(target=_deliver_dropped, name=_DELIVERER, daemon=True).start()
 
 
-def terminated(stop: SystemExit) -> bool:
-    """Whether ``stop`` is the unwinding of a SIGTERM (``handle_interrupts``, or Ray's handler)."""
-    return stop.code == signal.SIGTERM
+def stopped_by(stop: BaseException) -> tuple[str, int] | None:
+    """What stopped the command and its exit status: ``("Ctrl-C", INTERRUPTED)`` for a KeyboardInterrupt,
+    ``("SIGTERM", TERMINATED)`` for the unwinding of a SIGTERM (``handle_interrupts``, ``ray.init``'s
+    handler or the launcher's), None for anything else."""
+    if isinstance(stop, KeyboardInterrupt):
+        return "Ctrl-C", INTERRUPTED
+    if isinstance(stop, SystemExit) and stop.code == signal.SIGTERM:
+        return "SIGTERM", TERMINATED
+    return None
 
 
 def stopped_line(out_dir: str | Path, by: str = "Ctrl-C") -> str:

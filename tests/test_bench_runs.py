@@ -11,7 +11,9 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
+import os
 import shutil
+import signal
 import sys
 import threading
 from pathlib import Path
@@ -1049,6 +1051,28 @@ def test_with_jobs_a_lone_longer_budget_takes_stages_12_from_the_shorter_run_wit
     assert events.index(("start", "poc", plain60, None)) < events.index(("end", "fedavg", None, plain60))
     assert len(events) == 4
     assert "runs its own stages 1-2" not in capsys.readouterr().out
+
+
+def test_with_jobs_a_sigterm_stops_the_bench_before_any_other_run_with_its_own_status(tmp_path, monkeypatch,
+                                                                                      capsys):
+    jobs_module = sys.modules["launch.jobs"]
+    started: list[str] = []
+
+    def one(self, job):
+        started.append(job.name)
+        os.kill(os.getpid(), signal.SIGTERM)  # ``kill <bench>``, or a scheduler's stop, while a run is on
+        return jobs_module.Finished(job, 143, 1.0)
+
+    monkeypatch.setattr(jobs_module._LocalRun, "one", one)
+    monkeypatch.setattr(sys, "argv", field_argv(tmp_path, "--columns", "fedavg", "--jobs", "2"))
+    before = signal.getsignal(signal.SIGTERM)
+    with pytest.raises(SystemExit) as stop:
+        runs.main_with_clear_errors(field_bench.main)
+    assert stop.value.code == 143
+    assert len(started) == 1, "the longer run, which waits for the stopped one, never starts"
+    assert capsys.readouterr().err.strip().splitlines()[-1] == (
+        "stopped by SIGTERM: the same command with --reuse continues each unfinished run from its last checkpoint")
+    assert signal.getsignal(signal.SIGTERM) is before
 
 
 def test_with_jobs_a_failed_run_stops_only_the_runs_that_wait_for_it(tmp_path, monkeypatch, field_jobs, capsys):

@@ -12,7 +12,7 @@ import time
 import pytest
 
 from server.checkpoints import CHECKPOINTS
-from server.interrupt import handle_interrupts, stopped_line, terminated
+from server.interrupt import INTERRUPTED, TERMINATED, handle_interrupts, stopped_by, stopped_line
 
 
 def test_the_line_names_the_last_round_and_the_checkpoint_a_resume_continues_from(tmp_path):
@@ -59,7 +59,9 @@ def test_sigterm_unwinds_the_run_as_an_exit_the_command_knows_and_mutes_flower(i
     interrupts()
     with pytest.raises(SystemExit) as stopped:
         signal.raise_signal(signal.SIGTERM)
-    assert terminated(stopped.value) and not terminated(SystemExit(2))
+    assert stopped_by(stopped.value) == ("SIGTERM", TERMINATED)
+    assert stopped_by(KeyboardInterrupt()) == ("Ctrl-C", INTERRUPTED)
+    assert stopped_by(SystemExit(2)) is None and stopped_by(SystemExit()) is None
     assert logging.getLogger("flwr").disabled
 
 

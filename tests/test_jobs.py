@@ -5,6 +5,7 @@ simulated client on another node reads."""
 
 from __future__ import annotations
 
+import signal
 import sys
 from pathlib import Path
 
@@ -178,3 +179,30 @@ def test_a_step_may_come_only_after_earlier_steps_and_results_wait_for_every_ste
     schedule.ready(1)
     with pytest.raises(RuntimeError, match="did not end"):
         schedule.results()
+
+
+def test_a_sigterm_while_jobs_run_unwinds_the_launcher_which_then_gives_its_handler_back():
+    before = signal.getsignal(signal.SIGTERM)
+    made: list[int] = []
+
+    def make(k: int) -> Job | None:
+        made.append(k)
+        signal.raise_signal(signal.SIGTERM)  # ``kill`` or a scheduler's stop, while the launcher plans
+        return None
+
+    with pytest.raises(SystemExit) as stop:
+        Launcher(jobs=2).run_steps([Step(lambda: make(0)), Step(lambda: make(1))])
+    assert stop.value.code == signal.SIGTERM and made == [0], "nothing is started after the SIGTERM"
+    assert signal.getsignal(signal.SIGTERM) is before
+
+
+def test_a_sigterm_that_whoever_started_the_launcher_ignores_stays_ignored():
+    before = signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    try:
+        def make() -> None:
+            signal.raise_signal(signal.SIGTERM)
+
+        assert Launcher(jobs=2).run_steps([Step(make), Step(make, (0,))]) == [None, None]
+        assert signal.getsignal(signal.SIGTERM) is signal.SIG_IGN
+    finally:
+        signal.signal(signal.SIGTERM, before)

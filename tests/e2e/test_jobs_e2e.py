@@ -6,12 +6,16 @@ at the shorter one, which it continues; each result equal to the same run made a
 from __future__ import annotations
 
 import json
+import os
+import re
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import inprocess
-from commands import REPO
+from commands import REPO, group_alive
 
 sys.path.insert(0, str(REPO / "bench"))
 from field_fmnist import cell_run  # noqa: E402
@@ -57,3 +61,58 @@ def test_a_bench_runs_its_runs_two_at_a_time_with_the_results_of_serial_runs(tmp
     stages12 = [row for row in _rounds(alone) if row[1] != "usual"]
     assert stages12 and _rounds(first)[:len(stages12)] == stages12, "the source's stages 1-2 are the same rounds"
     assert "time saved:" in done.stdout
+
+
+def _children(pid: int) -> list[int]:
+    """The processes whose parent is ``pid``."""
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if int(fields[1]) == pid:
+            found.append(int(stat.parent.name))
+    return found
+
+
+def _ignore_sigint() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+def test_sigterm_to_a_background_launch_stops_each_job_as_its_own_sigterm_would(tmp_path):
+    """A multirun with ``--jobs 2`` started as a script's background job, whose SIGINT every process
+    inherits ignored: a SIGTERM to the launcher alone (``kill``, a scheduler's stop) ends each job's
+    run cleanly (exit status 143, no process left in its session) instead of after the grace period's
+    SIGKILL, and the launcher with its own status and line."""
+    log = tmp_path / "log"
+    with open(log, "w") as out:
+        proc = subprocess.Popen([sys.executable, "sim.py", "-m", "experiment=smoke", "strategy=fedavg",
+                                 "strategy.train.epochs=1", "strategy.num_rounds=50", "seed=1,2",
+                                 f"out_dir={tmp_path}/s${{seed}}", f"hydra.sweep.dir={tmp_path}/sweep", "--jobs", "2"],
+                                cwd=REPO, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+                                preexec_fn=_ignore_sigint)
+    try:
+        deadline = time.monotonic() + 600
+        # Both runs are training (each has printed a round), so each has its Ray to shut down.
+        while len(set(re.findall(r"^\[(\d/2 seed=\d)\] \[round", log.read_text(), re.M))) < 2:
+            assert proc.poll() is None, log.read_text()[-3000:]
+            assert time.monotonic() < deadline, log.read_text()[-3000:]
+            time.sleep(0.2)
+        jobs = _children(proc.pid)
+        assert len(jobs) == 2
+        os.kill(proc.pid, signal.SIGTERM)
+        assert proc.wait(timeout=120) == 143, log.read_text()[-3000:]
+        text = log.read_text()
+        for name in ("1/2 seed=1", "2/2 seed=2"):
+            assert f"[{name}] stopped: exit status 143" in text, text[-3000:]
+        assert text.rstrip().splitlines()[-1].startswith("stopped by SIGTERM: the jobs still running were stopped")
+        assert "Traceback" not in text
+        for job in jobs:
+            assert group_alive(job) == [], f"processes of job {job} left behind"
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+        for job in _children(proc.pid):
+            os.killpg(job, signal.SIGKILL)
