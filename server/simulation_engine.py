@@ -72,9 +72,9 @@ def run_simulation_engine(
         ``ErrorCode.CLIENT_APP_RAISED_EXCEPTION`` (``flwr.common.constant``) and the exception's
         message and traceback inside ``reply.error.reason``; the failed call leaves the node's
         context as it was;
-      - a failure of the runtime itself raises RuntimeError; the ServerApp thread it leaves behind
-        runs on until its own waits time out, which is why resources that cannot fit one actor are
-        refused up front.
+      - a failure of the runtime itself, Ray's start included, raises RuntimeError (its cause: the
+        failure); the ServerApp thread it leaves behind runs on until its own waits time out, which
+        is why resources that cannot fit one actor are refused up front.
 
     ``simulation.ray_address`` None starts a Ray of the run's own on this machine, even where a cluster
     runs here (``address="local"``: Ray would otherwise join it). An address joins that cluster: the
@@ -108,7 +108,10 @@ def run_simulation_engine(
             # round, and a cluster's nodes are checked. The workers get this process's import path, as
             # Flower gives them. Without a handler of its own, Ray's stays: it unwinds the run.
             handler = signal.getsignal(signal.SIGTERM)
-            ray.init(runtime_env={"env_vars": {"PYTHONPATH": os.pathsep.join(sys.path)}}, **init_args)
+            try:
+                ray.init(runtime_env={"env_vars": {"PYTHONPATH": os.pathsep.join(sys.path)}}, **init_args)
+            except Exception as err:  # a failure of the runtime, as when Flower starts Ray itself
+                raise RuntimeError("Ray did not start") from err
             if callable(handler) and threading.current_thread() is threading.main_thread():
                 signal.signal(signal.SIGTERM, handler)
         if simulation.ray_address is not None and check_nodes is not None:
