@@ -2,22 +2,34 @@
 
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 
 
-def group_alive(group: int) -> list[int]:
-    """Processes still running (zombies have ended) in the process group or session ``group``."""
-    alive = []
+def _processes(keep: Callable[[list[str]], bool]) -> list[int]:
+    """The processes whose fields of /proc/<pid>/stat after the command's name (state, parent, group,
+    session, ...) ``keep`` accepts."""
+    found = []
     for stat in Path("/proc").glob("[0-9]*/stat"):
         try:
             fields = stat.read_text().rsplit(")", 1)[1].split()
         except (OSError, IndexError):
             continue
-        if fields[0] != "Z" and group in (int(fields[2]), int(fields[3])):
-            alive.append(int(stat.parent.name))
-    return alive
+        if keep(fields):
+            found.append(int(stat.parent.name))
+    return found
+
+
+def group_alive(group: int) -> list[int]:
+    """Processes still running (zombies have ended) in the process group or session ``group``."""
+    return _processes(lambda fields: fields[0] != "Z" and group in (int(fields[2]), int(fields[3])))
+
+
+def children(pid: int) -> list[int]:
+    """The processes whose parent is ``pid``."""
+    return _processes(lambda fields: int(fields[1]) == pid)
 
 
 def sim(*overrides: str, timeout: float = 300) -> subprocess.CompletedProcess:

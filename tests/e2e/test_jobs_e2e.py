@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 
 import inprocess
-from commands import REPO, group_alive
+from commands import REPO, children, group_alive
 
 sys.path.insert(0, str(REPO / "bench"))
 from field_fmnist import cell_run  # noqa: E402
@@ -63,19 +63,6 @@ def test_a_bench_runs_its_runs_two_at_a_time_with_the_results_of_serial_runs(tmp
     assert "time saved:" in done.stdout
 
 
-def _children(pid: int) -> list[int]:
-    """The processes whose parent is ``pid``."""
-    found = []
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except (OSError, IndexError):
-            continue
-        if int(fields[1]) == pid:
-            found.append(int(stat.parent.name))
-    return found
-
-
 def _ignore_sigint() -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
 
@@ -99,7 +86,7 @@ def test_sigterm_to_a_background_launch_stops_each_job_as_its_own_sigterm_would(
             assert proc.poll() is None, log.read_text()[-3000:]
             assert time.monotonic() < deadline, log.read_text()[-3000:]
             time.sleep(0.2)
-        jobs = _children(proc.pid)
+        jobs = children(proc.pid)
         assert len(jobs) == 2
         os.kill(proc.pid, signal.SIGTERM)
         assert proc.wait(timeout=120) == 143, log.read_text()[-3000:]
@@ -114,5 +101,5 @@ def test_sigterm_to_a_background_launch_stops_each_job_as_its_own_sigterm_would(
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
-        for job in _children(proc.pid):
+        for job in children(proc.pid):
             os.killpg(job, signal.SIGKILL)
