@@ -1,9 +1,10 @@
-"""FedCorr's stage-2 relabelling replayed on finished runs under other rules: how much label noise each
-rule would leave, and the floor no keep-or-relabel rule can go under with that run's global model.
+"""FedCorr's stage-2 relabelling replayed on runs past stage 2 under other rules: how much label noise
+each rule would leave, and the floor no keep-or-relabel rule can go under with that run's global model.
 
     .venv/bin/python bench/relabel_rules.py RUN_DIR [RUN_DIR ...]
 
-A run folder of a finished FedCorr simulation (``ground_truth=true``) holds what its stage-2 correction
+A run folder of a FedCorr simulation (``ground_truth=true``), finished or stopped in stage 3 (its
+results.json holds the method's block as of its last checkpoint), holds what its stage-2 correction
 used: the global model at stage 2's end (the stage-end checkpoint), each client's labels before it
 (``client_state/``: the node's label versions by round) and the scene's true labels. Every client outside
 the finetuning set is corrected again here with that model's softmax outputs on its samples
@@ -28,7 +29,6 @@ rule the mean label noise and its change against the paper's rule.
 from __future__ import annotations
 
 import argparse
-import json
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -39,9 +39,11 @@ import torch
 from finished_run import GlobalModel, label_version, last_round
 from runs import ConfigError, main_with_clear_errors
 
+from common.run_files import read_payload
 from task.correction import stage2_relabel
 
 Rule = Callable[[np.ndarray, np.ndarray], np.ndarray]  # (labels, probabilities) -> the new labels
+PAST_STAGE2 = "allowed is the folder of a FedCorr run past stage 2 (finished, or stopped in stage 3)"
 
 
 def theta_rule(theta: float, keep: float | None = None) -> Rule:
@@ -77,11 +79,14 @@ class Stage2:
 
 def stage2(run_dir: Path) -> Stage2:
     """Read what the run's stage-2 correction used (see the module's docstring)."""
-    payload = json.loads((run_dir / "results.json").read_text())
-    if not payload.get("complete") or "fedcorr" not in payload:
-        raise ConfigError(f"{run_dir} holds no finished FedCorr run")
+    payload = read_payload(run_dir)
+    stages = {row.get("stage") for row in payload["rounds"]}
+    if "fedcorr" not in payload or "finetune" not in stages:
+        raise ConfigError(f"RUN_DIR={run_dir} is invalid: {PAST_STAGE2}")
     config, block = payload["config"], payload["fedcorr"]
     end = last_round(payload, "finetune")
+    if not payload.get("complete") and max(row["round"] for row in payload["rounds"]) == end:
+        raise ConfigError(f"RUN_DIR={run_dir} is invalid: it stopped in stage 2, after round {end}; {PAST_STAGE2}")
     model = GlobalModel.at(run_dir, payload, end, "stage 2's end")
     finetuned = set(block["finetune_clients"])
     corrected, others_wrong = {}, 0

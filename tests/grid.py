@@ -5,7 +5,7 @@ Each node has a real ``Context`` (``node_config`` with ``partition-id``/``num-pa
 as serialised messages do. A ClientApp exception becomes an error reply with Flower's
 ``CLIENT_APP_RAISED_EXCEPTION`` code and the exception's traceback as its reason, and leaves the node's
 context as it was, as Flower's simulation runtime does. Nodes can be silenced (they never answer, so a
-round times out) to test failure policies.
+round times out) to test failure policies, and the server can be killed before a given message.
 """
 
 from __future__ import annotations
@@ -26,6 +26,10 @@ from protocol.messages import SCOPE
 Handler = Callable[[Message, Context], Message]
 
 
+class Killed(Exception):
+    """The server's process died (raised by the grid before it delivers a message)."""
+
+
 class LocalGrid(Grid):
     """``num_nodes`` nodes running ``client_app``; node k holds partition k.
 
@@ -33,10 +37,13 @@ class LocalGrid(Grid):
     node_configs: per-partition changes to a node's ``node_config`` (e.g. a ``state-dir``); a key set
         to None is removed (``num-partitions``: a node as a deployed SuperNode's config has it).
     seed: draws the random 64-bit node ids, as Flower gives nodes random ids.
+    kill_at: None, or the server dies (``Killed``) before it delivers message number ``kill_at``
+        (counting the discovery queries): a kill mid-round leaves some of that round's nodes with
+        state already written.
     """
 
     def __init__(self, client_app: Handler, *, num_nodes: int, run_config: dict,
-                 node_configs: dict[int, dict] | None = None, seed: int = 0) -> None:
+                 node_configs: dict[int, dict] | None = None, seed: int = 0, kill_at: int | None = None) -> None:
         ids = np.random.default_rng(seed).choice(2**62, size=num_nodes, replace=False) + 2
         self.client_app = client_app
         self.node_ids = [int(node) for node in ids]
@@ -49,6 +56,7 @@ class LocalGrid(Grid):
             for pid, node in enumerate(self.node_ids)
         }
         self.silent: set[int] = set()
+        self.kill_at = kill_at
         self.delivered: list[Message] = []
         self._last_handled: dict[int, RecordDict] = {}
         """Per node, the state scope of the last message it handled (a RecordDict with its ``scope``
@@ -103,6 +111,8 @@ class LocalGrid(Grid):
     def push_messages(self, messages: Iterable[Message]) -> Iterable[str]:
         ids = []
         for message in messages:
+            if self.kill_at is not None and len(self.delivered) >= self.kill_at:
+                raise Killed
             message.metadata.__dict__["_message_id"] = str(uuid4())
             ids.append(message.metadata.message_id)
             self.delivered.append(message)

@@ -20,9 +20,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from grid import Killed
 from omegaconf import OmegaConf
 
 from common.errors import ConfigError
+from common.run_files import read_payload
 from server.checkpoints import CheckpointStore, Lineage, RunRecord
 from settings.compose import compose_config
 
@@ -757,6 +759,35 @@ def test_the_stage_2_replay_of_a_finished_run_gives_its_stored_labels_and_a_floo
     tampered = {**run.corrected, min(run.corrected): (truth, labels, (after + 1) % 10, probabilities)}
     with pytest.raises(ConfigError, match="does not give the stored labels"):
         relabel.check_replay(run_dir, relabel.Stage2(run.theta, run.keep, tampered, run.others_wrong, run.samples))
+
+
+def test_the_stage_2_replay_reads_a_run_stopped_in_stage_3_as_the_run_finished(run_inprocess, tmp_path):
+    relabel = load_bench("relabel_rules")
+    overrides = "experiment=smoke strategy.train.epochs=1 strategy.t2=2 strategy.t3=3"
+    _, whole = run_inprocess(overrides)
+    with pytest.raises(Killed):
+        run_inprocess(overrides, kill_at=len(whole.delivered) - 1)  # in stage 3's last round
+    stopped = read_payload(tmp_path / "run-2")
+    assert not stopped["complete"] and stopped["rounds"][-1]["stage"] == "usual"
+    run, finished = relabel.stage2(tmp_path / "run-2"), relabel.stage2(tmp_path / "run")
+    relabel.check_replay(tmp_path / "run-2", run)
+    assert sorted(run.corrected) == sorted(finished.corrected)
+    for rule in relabel.rules(run.theta).values():
+        assert relabel.replay(run, rule) == relabel.replay(finished, rule)
+
+
+def test_the_stage_2_replay_refuses_a_run_that_stopped_before_stage_2_ended(tmp_path):
+    relabel = load_bench("relabel_rules")
+    # A run in progress: results.json without its rounds, which rounds.jsonl holds a line each.
+    (tmp_path / "results.json").write_text(json.dumps({"complete": False, "config": {}, "fedcorr": {}}))
+    rounds = tmp_path / "rounds.jsonl"
+    rounds.write_text(json.dumps({"round": 1, "stage": "preprocess"}) + "\n")
+    with pytest.raises(ConfigError, match=r"is invalid: allowed is the folder of a FedCorr run past stage 2 \("):
+        relabel.stage2(tmp_path)
+    with open(rounds, "a") as more:
+        more.write(json.dumps({"round": 2, "stage": "finetune"}) + "\n")
+    with pytest.raises(ConfigError, match="is invalid: it stopped in stage 2, after round 2; allowed is the folder"):
+        relabel.stage2(tmp_path)
 
 
 def test_client_split_scores_follow_the_strategy_and_the_joiners_pass_adds_to_the_earlier_split():

@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 import pytest
 from flwr.app import Array, ArrayRecord, ConfigRecord, Context, RecordDict
-from grid import LocalGrid
+from grid import Killed, LocalGrid
 
 from client.state_store import admitted, enter, load_record, save_record, versions
 from common.errors import ConfigError
@@ -53,27 +53,6 @@ RUNS = {
 }
 
 
-class Killed(Exception):
-    """The server's process died (raised by the grid before it delivers a message)."""
-
-
-class KillingGrid(LocalGrid):
-    """A test grid whose server dies before delivering message number ``kill_at`` (counting the
-    discovery queries): a kill mid-round leaves some of that round's nodes with state already written."""
-
-    def __init__(self, *args: Any, kill_at: int | None = None, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self.kill_at = kill_at
-
-    def push_messages(self, messages):
-        ids = []
-        for message in messages:
-            if self.kill_at is not None and len(self.delivered) >= self.kill_at:
-                raise Killed
-            ids.extend(super().push_messages([message]))
-        return ids
-
-
 @pytest.fixture
 def run_at(flower_identity, tmp_path):
     """``run_at(overrides, folder, kill_at=None) -> (payload, grid)``: a whole run of the ServerApp
@@ -84,8 +63,8 @@ def run_at(flower_identity, tmp_path):
     def run(overrides: str, folder: str, kill_at: int | None = None):
         words = [*f"{SMOKE} {overrides}".split(), f"out_dir={tmp_path / folder}"]
         plan = load_run(compose_config(words))
-        grid = KillingGrid(client_app, num_nodes=plan.settings.num_clients,
-                           run_config={"overrides": " ".join(words)}, kill_at=kill_at)
+        grid = LocalGrid(client_app, num_nodes=plan.settings.num_clients, run_config={"overrides": " ".join(words)},
+                         kill_at=kill_at)
         try:
             return run_server(grid, plan), grid
         except Killed:
