@@ -480,8 +480,11 @@ def test_coteaching_aggregates_each_network_with_its_twin(run_inprocess):
 
 
 def test_lsr_and_each_learner_run_as_fedcorr_stage_3(run_inprocess):
-    small = f"{SMOKE} strategy=fedcorr strategy.t1=1 strategy.t2=1 strategy.t3=2"
-    payload, grid = run_inprocess(f"{small} strategy.stage3=fedlsr strategy.train.lsr.warmup_rounds=1")
+    # The train block's options for every stage-3 learner here, so that the later runs may take stages
+    # 1-2 over from the first (they apply only to their own learner).
+    small = (f"{SMOKE} strategy=fedcorr strategy.t1=1 strategy.t2=1 strategy.t3=2 strategy.train.lsr.warmup_rounds=1 "
+             "strategy.train.coteaching.forget_rate=0.2")
+    payload, grid = run_inprocess(f"{small} strategy.stage3=fedlsr")
     stages = [row["stage"] for row in payload["rounds"]]
     learners = [row[0] for row in _schedules(grid)]
     assert stages[-2:] == ["usual", "usual"] and learners[-6:] == ["lsr"] * 6
@@ -489,8 +492,8 @@ def test_lsr_and_each_learner_run_as_fedcorr_stage_3(run_inprocess):
     assert learners[10:13] == ["ce"] * 3, "stage 2 keeps the train block's learner"
     # Stage 3's warm-up counts its own rounds: gamma_0 = 0, then gamma.
     assert [row[1] for row in _schedules(grid)][-6:] == [0.0] * 3 + [0.4] * 3
-    for learner in ("sce", "coteaching"):
-        payload, grid = run_inprocess(f"{small} strategy.stage3_learner={learner} "
-                                      "strategy.train.coteaching.forget_rate=0.2")
+    first = payload["config"]["out_dir"]
+    for learner in ("sce", "coteaching"):  # stages 1-2 as the first run's: only stage 3 differs
+        payload, grid = run_inprocess(f"{small} strategy.stage3_learner={learner} strategy.stages12_from={first}")
         assert [row[0] for row in _schedules(grid)][-6:] == [learner] * 6
         assert payload["summary"]["final_acc"] > 0.5
