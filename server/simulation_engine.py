@@ -101,30 +101,35 @@ def run_simulation_engine(
         "init_args": init_args,
     }
     try:
-        if not ray.is_initialized():
-            # Started (or joined) here rather than by Flower, which would start it the same way from the
-            # same thread, so that a SIGTERM handler of the command's own (server.interrupt), which
-            # ray.init replaces with one that does not mute Flower's log, is put back before the first
-            # round, and a cluster's nodes are checked. The workers get this process's import path, as
-            # Flower gives them. Without a handler of its own, Ray's stays: it unwinds the run.
-            handler = signal.getsignal(signal.SIGTERM)
-            try:
-                ray.init(runtime_env={"env_vars": {"PYTHONPATH": os.pathsep.join(sys.path)}}, **init_args)
-            except Exception as err:  # a failure of the runtime, as when Flower starts Ray itself
-                raise RuntimeError("Ray did not start") from err
-            if callable(handler) and threading.current_thread() is threading.main_thread():
-                signal.signal(signal.SIGTERM, handler)
-        if simulation.ray_address is not None and check_nodes is not None:
-            check_nodes(simulation.ray_address)
         with warnings.catch_warnings():
             # Ray's advice about a future change of CUDA_VISIBLE_DEVICES for num_gpus=0 actors;
             # the current behaviour (actors without GPUs see none) is the one we want.
             warnings.filterwarnings("ignore", message="Tip: In future versions of Ray", category=FutureWarning)
+            if not ray.is_initialized():
+                _start_ray(init_args)
+            if simulation.ray_address is not None and check_nodes is not None:
+                check_nodes(simulation.ray_address)
             _run_flower_simulation(server_app, client_app, num_supernodes, dict(run_config), backend_config, verbose)
     finally:
         # Flower shuts Ray down itself unless it fails (or is interrupted) between starting Ray and building
         # the actor pool; Ray's shutdown also stops the processes of a start that was cut short.
         ray.shutdown()
+
+
+def _start_ray(init_args: Mapping[str, Any]) -> None:
+    """Start (or join) Ray here rather than let Flower do it, the same way and from the same thread, so
+    that a SIGTERM handler of the command's own (server.interrupt), which ray.init replaces with one
+    that does not mute Flower's log, is put back before the first round, and a cluster's nodes can be
+    checked first. The workers get this process's import path, as Flower gives them. Without a
+    handler of the command's own, Ray's stays: it unwinds the run. A Ray that does not start is a
+    failure of the runtime (RuntimeError), as when Flower starts it."""
+    handler = signal.getsignal(signal.SIGTERM)
+    try:
+        ray.init(runtime_env={"env_vars": {"PYTHONPATH": os.pathsep.join(sys.path)}}, **init_args)
+    except Exception as err:
+        raise RuntimeError("Ray did not start") from err
+    if callable(handler) and threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, handler)
 
 
 def _check_arguments(num_supernodes: int, run_config: RunConfig) -> None:
