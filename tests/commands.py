@@ -2,6 +2,7 @@
 
 import subprocess
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -25,6 +26,15 @@ def _processes(keep: Callable[[list[str]], bool]) -> list[int]:
 def group_alive(group: int) -> list[int]:
     """Processes still running (zombies have ended) in the process group or session ``group``."""
     return _processes(lambda fields: fields[0] != "Z" and group in (int(fields[2]), int(fields[3])))
+
+
+def alive_after(group: int, seconds: float) -> list[int]:
+    """``group_alive(group)`` once the group has gone, or ``seconds`` have passed: a stopped command's
+    last processes (Ray's) exit a moment after it."""
+    deadline = time.monotonic() + seconds
+    while group_alive(group) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    return group_alive(group)
 
 
 def children(pid: int) -> list[int]:

@@ -16,7 +16,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from commands import REPO, group_alive, sim
+from commands import REPO, alive_after, sim
 
 from common.run_files import read_rounds
 from server.checkpoints import CheckpointStore
@@ -56,10 +56,7 @@ def interrupted(args: list[str], log: Path, ready: Callable[[str], bool], signal
         except subprocess.TimeoutExpired:
             raise AssertionError(f"still running {STOP_WITHIN} s after Ctrl-C:\n{log.read_text()[-3000:]}") from None
         took = time.monotonic() - sent
-        deadline = time.monotonic() + GONE_WITHIN
-        while group_alive(group) and time.monotonic() < deadline:
-            time.sleep(0.2)
-        assert group_alive(group) == [], f"processes left behind:\n{log.read_text()[-3000:]}"
+        assert alive_after(group, GONE_WITHIN) == [], f"processes left behind:\n{log.read_text()[-3000:]}"
         return proc, took
     finally:
         if proc.poll() is None:

@@ -5,6 +5,7 @@ at the shorter one, which it continues; each result equal to the same run made a
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -15,7 +16,7 @@ import time
 from pathlib import Path
 
 import inprocess
-from commands import REPO, children, group_alive
+from commands import REPO, alive_after, children
 
 sys.path.insert(0, str(REPO / "bench"))
 from field_fmnist import cell_run  # noqa: E402
@@ -63,6 +64,9 @@ def test_a_bench_runs_its_runs_two_at_a_time_with_the_results_of_serial_runs(tmp
     assert "time saved:" in done.stdout
 
 
+GONE_WITHIN = 30  # seconds for a stopped job's last processes (Ray's) to exit, on a loaded machine
+
+
 def _ignore_sigint() -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
 
@@ -79,6 +83,7 @@ def test_sigterm_to_a_background_launch_stops_each_job_as_its_own_sigterm_would(
                                  f"out_dir={tmp_path}/s${{seed}}", f"hydra.sweep.dir={tmp_path}/sweep", "--jobs", "2"],
                                 cwd=REPO, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
                                 preexec_fn=_ignore_sigint)
+    jobs: list[int] = []
     try:
         deadline = time.monotonic() + 600
         # Both runs are training (each has printed a round), so each has its Ray to shut down.
@@ -96,10 +101,11 @@ def test_sigterm_to_a_background_launch_stops_each_job_as_its_own_sigterm_would(
         assert text.rstrip().splitlines()[-1].startswith("stopped by SIGTERM: the jobs still running were stopped")
         assert "Traceback" not in text
         for job in jobs:
-            assert group_alive(job) == [], f"processes of job {job} left behind"
+            assert alive_after(job, GONE_WITHIN) == [], f"processes of job {job} left behind"
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
-        for job in children(proc.pid):
-            os.killpg(job, signal.SIGKILL)
+        for job in jobs:  # each job's session, which its launcher's own stop may not have reached
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(job, signal.SIGKILL)

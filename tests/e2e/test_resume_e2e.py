@@ -27,7 +27,7 @@ from pathlib import Path
 import inprocess
 import numpy as np
 import pytest
-from commands import REPO, group_alive, sim
+from commands import REPO, alive_after, sim
 
 from server.checkpoints import Checkpoint, CheckpointStore, Lineage, read_checkpoint
 
@@ -82,11 +82,9 @@ def sim_killed(args: list[str], watch: Path, due: Callable[[Rows], bool], log: P
         except ProcessLookupError:
             pass
         proc.wait()
-        deadline = time.monotonic() + KILL_WAIT
-        while group_alive(group) and time.monotonic() < deadline:
-            time.sleep(0.2)
+        alive = alive_after(group, KILL_WAIT)
     assert proc.returncode == -signal.SIGKILL, _tail(log)
-    assert group_alive(group) == [], "processes of the killed run still running"
+    assert alive == [], "processes of the killed run still running"
     return read_rounds(watch)
 
 
