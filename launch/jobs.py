@@ -17,8 +17,9 @@ data and the outputs at the same paths (docs/cluster.md).
 Each line a job prints is echoed with the job's name in front. The first Ctrl-C, or a SIGTERM to this
 process (``kill``, a scheduler's time limit), stops every job: a SIGTERM to each job's command, which
 stops its run as a Ctrl-C would (a job that a script started in the background ignores SIGINT, never
-SIGTERM), then SIGKILL to whatever is left of its process group after ``STOP_GRACE_S``. Each stopped
-job is named with how it ended, and a run stopped mid-way resumes from its checkpoint later.
+SIGTERM), then SIGKILL to whatever is left of its process group after ``STOP_GRACE_S``. Of what a
+stopped job prints, only its run's own line (after which round it stopped) comes through; then the job
+is named with how it ended. A run stopped mid-way resumes from its checkpoint later.
 """
 
 from __future__ import annotations
@@ -47,6 +48,8 @@ STOP_GRACE_S = 20.0
 # The key a job's own Ray takes its CPUs from (``sim.py`` passes it to ray.init).
 RAY_CPUS_KEY = "simulation.ray_init_args.num_cpus"
 RAY_ADDRESS_KEY = "simulation.ray_address"
+# How the one line a stopped run prints begins (``server.interrupt.stopped_line``).
+STOPPED_LINE = "stopped by "
 
 
 @dataclass(frozen=True)
@@ -227,10 +230,11 @@ def _given(job: Job) -> Job:
 
 def _echo(name: str, lines: Any, stream: TextIO, lock: threading.Lock,
           quiet: threading.Event | None = None) -> None:
-    """Print every line of ``lines`` with ``[name]`` in front (one lock: lines of two jobs never mix),
-    but none once ``quiet`` is set (the jobs are being stopped: their tracebacks say nothing new)."""
+    """Print every line of ``lines`` with ``[name]`` in front (one lock: lines of two jobs never mix).
+    Once ``quiet`` is set (the jobs are being stopped: their tracebacks say nothing new), print only a
+    stopped run's own line, which says after which round it stopped and how it continues."""
     for line in lines:
-        if quiet is not None and quiet.is_set():
+        if quiet is not None and quiet.is_set() and not line.startswith(STOPPED_LINE):
             continue
         with lock:
             stream.write(f"[{name}] {line.rstrip()}\n")

@@ -5,15 +5,18 @@ simulated client on another node reads."""
 
 from __future__ import annotations
 
+import io
 import signal
 import sys
+import threading
 from pathlib import Path
 
 import pytest
 
 import sim
 from common.errors import ConfigError
-from launch.jobs import Finished, Job, Launcher, Schedule, Step
+from launch.jobs import STOPPED_LINE, Finished, Job, Launcher, Schedule, Step, _echo
+from server.interrupt import stopped_line
 from settings.compose import compose_config
 from settings.run import RayAddress, anchored, run_settings
 
@@ -206,3 +209,21 @@ def test_a_sigterm_that_whoever_started_the_launcher_ignores_stays_ignored():
         assert signal.getsignal(signal.SIGTERM) is signal.SIG_IGN
     finally:
         signal.signal(signal.SIGTERM, before)
+
+
+def test_a_stopped_jobs_own_line_is_echoed_but_nothing_else_it_prints_once_the_jobs_are_being_stopped(tmp_path):
+    stopping = threading.Event()
+    own = stopped_line(tmp_path, "SIGTERM")
+    assert own.startswith(STOPPED_LINE), "the launcher knows a stopped run's line by how it begins"
+
+    def lines():
+        yield "[round 3/60] fedavg test_acc 0.61\n"
+        stopping.set()
+        yield "Traceback (most recent call last):\n"
+        yield "ERROR : ActorDiedError\n"
+        yield "\n"
+        yield own + "\n"
+
+    out = io.StringIO()
+    _echo("seed=2", lines(), out, threading.Lock(), stopping)
+    assert out.getvalue() == f"[seed=2] [round 3/60] fedavg test_acc 0.61\n[seed=2] {own}\n"

@@ -75,7 +75,7 @@ def test_sigterm_to_a_background_launch_stops_each_job_as_its_own_sigterm_would(
     """A multirun with ``--jobs 2`` started as a script's background job, whose SIGINT every process
     inherits ignored: a SIGTERM to the launcher alone (``kill``, a scheduler's stop) ends each job's
     run cleanly (exit status 143, no process left in its session) instead of after the grace period's
-    SIGKILL, and the launcher with its own status and line."""
+    SIGKILL, each saying after which round it stopped, and the launcher with its own status and line."""
     log = tmp_path / "log"
     with open(log, "w") as out:
         proc = subprocess.Popen([sys.executable, "sim.py", "-m", "experiment=smoke", "strategy=fedavg",
@@ -98,6 +98,9 @@ def test_sigterm_to_a_background_launch_stops_each_job_as_its_own_sigterm_would(
         text = log.read_text()
         for name in ("1/2 seed=1", "2/2 seed=2"):
             assert f"[{name}] stopped: exit status 143" in text, text[-3000:]
+            # The run's own line: where it stopped and how it continues.
+            assert re.search(rf"^\[{re.escape(name)}\] stopped by SIGTERM after round \d+; results so far in ", text,
+                             re.M), text[-3000:]
         assert text.rstrip().splitlines()[-1].startswith("stopped by SIGTERM: the jobs still running were stopped")
         assert "Traceback" not in text
         for job in jobs:
