@@ -5,7 +5,8 @@
 # module's shared run is made once; the tier waits on Ray's start-up and on subprocesses more than it
 # computes, about half a core on average when run serially), with the deployment tests beside it (they
 # mostly wait on Flower's fixed 3 s polls and 30 s heartbeats and start no Ray), but the deployment
-# recovery tests (several minutes each: `bash scripts/test.sh -m recovery`).
+# recovery tests (several minutes each: `bash scripts/test.sh -m recovery`). The e2e tier collects only
+# tests/e2e: each of its workers would otherwise import every fast-tier module to deselect it (~10 s).
 # Arguments replace that: they go to one pytest call, e.g. `bash scripts/test.sh tests/test_resume.py`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -27,7 +28,7 @@ set +m
 trap 'kill -INT -- "-$deploy" 2>/dev/null || true; wait "$deploy" 2>/dev/null || true; rm -f "$deploy_log"' EXIT
 echo "[test] end-to-end (the deployment tests run beside it; their report follows)"
 e2e=0 deployed=0
-.venv/bin/python -m pytest -m "e2e and not recovery" --ignore=tests/e2e/test_deploy.py -p no:cacheprovider \
+.venv/bin/python -m pytest tests/e2e -m "e2e and not recovery" --ignore=tests/e2e/test_deploy.py -p no:cacheprovider \
     -n 2 --dist loadfile --durations=15 || e2e=$?
 wait "$deploy" || deployed=$?
 trap 'rm -f "$deploy_log"' EXIT
