@@ -12,26 +12,34 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 echo "[test] ruff";          .venv/bin/ruff check .
-echo "[test] mypy";          .venv/bin/mypy
 echo "[test] import layers"; .venv/bin/lint-imports --no-cache
 if [ "$#" -gt 0 ]; then
+    echo "[test] mypy";      .venv/bin/mypy
     exec .venv/bin/python -m pytest "$@"
 fi
 echo "[test] fast tier";     .venv/bin/python -m pytest -m "not e2e" -n auto --dist worksteal -p no:cacheprovider
-deploy_log=$(mktemp)
+deploy_log=$(mktemp) mypy_log=$(mktemp)
 set -m  # a process group of their own, which a Ctrl-C at the terminal does not reach: the trap stops them
 .venv/bin/python -m pytest tests/e2e/test_deploy.py -m "e2e and not recovery" -p no:cacheprovider --durations=3 \
     > "$deploy_log" 2>&1 &
 deploy=$!
 set +m
+# mypy (some 40 s of one core without its cache, as on a clean clone) runs beside the e2e tier too, which
+# leaves about a core idle while it waits on Ray's start-ups; its report follows the tier's.
+.venv/bin/mypy > "$mypy_log" 2>&1 &
+typecheck=$!
 # Should this script stop early, the deployment tests stop as on Ctrl-C: their fixtures end the federations.
-trap 'kill -INT -- "-$deploy" 2>/dev/null || true; wait "$deploy" 2>/dev/null || true; rm -f "$deploy_log"' EXIT
-echo "[test] end-to-end (the deployment tests run beside it; their report follows)"
-e2e=0 deployed=0
+trap 'kill -INT -- "-$deploy" 2>/dev/null || true; kill "$typecheck" 2>/dev/null || true
+      wait "$deploy" "$typecheck" 2>/dev/null || true; rm -f "$deploy_log" "$mypy_log"' EXIT
+echo "[test] end-to-end (mypy and the deployment tests run beside it; their reports follow)"
+e2e=0 deployed=0 typed=0
 .venv/bin/python -m pytest tests/e2e -m "e2e and not recovery" --ignore=tests/e2e/test_deploy.py -p no:cacheprovider \
     -n 2 --dist loadfile --durations=15 || e2e=$?
+wait "$typecheck" || typed=$?
 wait "$deploy" || deployed=$?
-trap 'rm -f "$deploy_log"' EXIT
+trap 'rm -f "$deploy_log" "$mypy_log"' EXIT
+echo "[test] mypy"
+cat "$mypy_log"
 echo "[test] end-to-end: deployment tests"
 cat "$deploy_log"
-[ "$e2e" -eq 0 ] && [ "$deployed" -eq 0 ]
+[ "$e2e" -eq 0 ] && [ "$deployed" -eq 0 ] && [ "$typed" -eq 0 ]
