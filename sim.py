@@ -46,6 +46,30 @@ from hydra.types import RunMode  # noqa: E402
 from omegaconf import DictConfig, OmegaConf  # noqa: E402
 
 from common.errors import ConfigError, InvalidValue  # noqa: E402
+from settings.command_line import checked_jobs, for_hydra, split_command_line, take_launch_flags  # noqa: E402
+
+
+def refused(err: ConfigError) -> NoReturn:
+    """End the command on a bad command line: one ``error:`` line, exit status 2."""
+    print(f"error: {err}", file=sys.stderr)
+    sys.exit(2)
+
+
+def check_overrides(argv: list[str]) -> None:
+    """The overrides themselves, read, swept and composed (``checked_jobs``): a key or a group option
+    that does not exist is the commonest mistake, and is refused here before torch and Flower load
+    (some 3 s); every value is checked after them (``planned_jobs``), on the compositions cached now."""
+    command = split_command_line(take_launch_flags(argv)[1])
+    if not command.other_flags:
+        checked_jobs(command)
+
+
+if __name__ == "__main__":
+    try:
+        check_overrides(sys.argv[1:])
+    except ConfigError as err:
+        refused(err)
+
 from common.folders import check_output_folder  # noqa: E402
 from common.text import counted  # noqa: E402
 from data.scene import planned_scene, prepare_scene  # noqa: E402
@@ -53,7 +77,6 @@ from launch.jobs import Finished, Job, Launcher  # noqa: E402
 from reports.runs import MULTIRUN_INDEX  # noqa: E402  (a multirun lists its jobs' out_dirs for report.py)
 from server.config import RunPlan, load_run  # noqa: E402
 from server.interrupt import exit_now, handle_interrupts, stopped_by, stopped_line  # noqa: E402
-from settings.command_line import checked_jobs, for_hydra, split_command_line  # noqa: E402
 from settings.compose import COMMAND_KEY, CONF_DIR, RUN_CONFIG_KEY, WORKDIR_KEY  # noqa: E402  (also registers the default out_dir's resolvers)
 from settings.run import check_ray_address  # noqa: E402
 
@@ -172,8 +195,7 @@ def main(cfg: DictConfig) -> None:
     try:
         run(cfg, list(hydra_cfg.overrides.task))
     except ConfigError as err:
-        print(f"error: {err}", file=sys.stderr)
-        sys.exit(2)
+        refused(err)
     except RuntimeError as err:
         runtime_failed(err)
     except (KeyboardInterrupt, SystemExit) as stop:
@@ -188,25 +210,10 @@ def main(cfg: DictConfig) -> None:
             index.write(f"{Path(cfg.out_dir).resolve()}\n")
 
 
-LAUNCH_FLAGS = ("--jobs", "--cluster", "--job-cpus")
-"""sim.py's own flags (not Hydra's): how a multirun's jobs run (``launch.jobs.Launcher``)."""
-
-
-def take_launch_flags(argv: list[str]) -> tuple[Launcher, list[str]]:
-    """The launcher that ``--jobs N``, ``--cluster ADDRESS`` and ``--job-cpus K`` ask for, and the
-    other words of ``argv`` (for Hydra). Either form works: ``--jobs 2`` or ``--jobs=2``."""
-    given: dict[str, str] = {}
-    rest: list[str] = []
-    words = iter(argv)
-    for word in words:
-        flag, equals, value = word.partition("=")
-        if flag not in LAUNCH_FLAGS:
-            rest.append(word)
-            continue
-        value = value if equals else next(words, "")
-        if not value:
-            raise ConfigError(f"{flag} is invalid: it needs a value, e.g. {flag}=2")
-        given[flag] = value
+def launcher_for(argv: list[str]) -> tuple[Launcher, list[str]]:
+    """The launcher that sim.py's own flags in ``argv`` ask for (``take_launch_flags``), and the other
+    words of ``argv`` (for Hydra)."""
+    given, rest = take_launch_flags(argv)
 
     def integer(flag: str) -> int | None:
         if flag not in given:
@@ -309,7 +316,7 @@ def run_concurrently(jobs: list[tuple[list[str], RunPlan]], argv: list[str], lau
 
 if __name__ == "__main__":
     try:
-        launcher, argv = take_launch_flags(sys.argv[1:])
+        launcher, argv = launcher_for(sys.argv[1:])
         jobs = planned_jobs(argv)
         MULTIRUN.jobs, MULTIRUN.swept = len(jobs), swept_keys([job_words for job_words, _ in jobs])
         if launcher.concurrent:
@@ -317,7 +324,6 @@ if __name__ == "__main__":
                 signal.signal(signal.SIGINT, signal.default_int_handler)  # run_concurrently stops its jobs
             sys.exit(run_concurrently(jobs, argv, launcher))
     except ConfigError as err:
-        print(f"error: {err}", file=sys.stderr)
-        sys.exit(2)
+        refused(err)
     sys.argv = [sys.argv[0], *for_hydra(argv)]
     main()

@@ -46,6 +46,28 @@ class CommandLine:
     other_flags: list[str]
 
 
+LAUNCH_FLAGS = ("--jobs", "--cluster", "--job-cpus")
+"""sim.py's own flags (not Hydra's): how a multirun's jobs run (``launch.jobs.Launcher``)."""
+
+
+def take_launch_flags(argv: Sequence[str]) -> tuple[dict[str, str], list[str]]:
+    """The values that ``--jobs N``, ``--cluster ADDRESS`` and ``--job-cpus K`` give (the last of each
+    wins), and the other words of ``argv`` (for Hydra). Either form works: ``--jobs 2`` or ``--jobs=2``."""
+    given: dict[str, str] = {}
+    rest: list[str] = []
+    words = iter(argv)
+    for word in words:
+        flag, equals, value = word.partition("=")
+        if flag not in LAUNCH_FLAGS:
+            rest.append(word)
+            continue
+        value = value if equals else next(words, "")
+        if not value:
+            raise ConfigError(f"{flag} is invalid: it needs a value, e.g. {flag}=2")
+        given[flag] = value
+    return given, rest
+
+
 def split_command_line(argv: Sequence[str]) -> CommandLine:
     """The overrides and flags of ``argv`` (the words after the script's name)."""
     flags = [word for word in argv if word.startswith("-")]

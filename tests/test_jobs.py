@@ -24,14 +24,14 @@ SMOKE = ["experiment=smoke", "strategy=fedavg"]
 
 
 def test_launch_flags_are_taken_out_of_the_command_line_in_both_forms():
-    launcher, rest = sim.take_launch_flags(["-m", "seed=1,2", "--jobs", "2", "--job-cpus=1", "strategy=fedavg"])
+    launcher, rest = sim.launcher_for(["-m", "seed=1,2", "--jobs", "2", "--job-cpus=1", "strategy=fedavg"])
     assert launcher == Launcher(jobs=2, cluster=None, job_cpus=1)
     assert rest == ["-m", "seed=1,2", "strategy=fedavg"]
     assert launcher.concurrent and launcher.cpus() == 1
 
 
 def test_a_command_without_launch_flags_runs_as_before():
-    launcher, rest = sim.take_launch_flags(["seed=2"])
+    launcher, rest = sim.launcher_for(["seed=2"])
     assert not launcher.concurrent and rest == ["seed=2"]
 
 
@@ -47,7 +47,7 @@ def test_a_command_without_launch_flags_runs_as_before():
 ])
 def test_bad_launch_flags_are_refused_in_one_line(argv, message):
     with pytest.raises(ConfigError) as refused:
-        sim.take_launch_flags(argv)
+        sim.launcher_for(argv)
     assert f"error: {refused.value}".startswith(message)
     assert "\n" not in str(refused.value)
 

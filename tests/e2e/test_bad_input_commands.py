@@ -4,6 +4,7 @@ to start ends the process with one line (the in-process table is tests/test_bad_
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from datetime import datetime
@@ -62,3 +63,28 @@ def test_a_runtime_that_fails_to_start_ends_the_process_with_one_error_line(tmp_
     assert done.returncode == 1
     assert done.stderr.strip().splitlines()[-1].startswith(
         "error: the simulation runtime failed: ValueError: Unknown level"), done.stderr[-2000:]
+
+
+def test_a_mistake_in_the_overrides_is_refused_before_torch_and_flower_load(tmp_path):
+    # Packages named torch and flwr that fail on import, first on the path: sim.py must refuse a key or a
+    # group option that does not exist without importing either, and the same blocked imports fail a bad
+    # value, which the run's settings check once they are loaded.
+    blocked = tmp_path / "blocked"
+    for name in ("torch", "flwr"):
+        (blocked / name).mkdir(parents=True)
+        (blocked / name / "__init__.py").write_text(f"raise ImportError('{name} was imported')\n")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(blocked), os.environ.get("PYTHONPATH")]))}
+
+    def sim(case: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, str(REPO / "sim.py"), *_words(case, tmp_path)], cwd=tmp_path, env=env,
+                              capture_output=True, text=True, timeout=120)
+
+    for case, starts in [("stratgy=fedavg", "stratgy=fedavg"), ("strategy=fedavgg", "strategy='fedavgg'"),
+                         ("-m seed=1,2 --jobs 2 strategy.zz=1", "strategy.zz=1")]:
+        done = sim(case)
+        assert done.returncode == 2, done.stderr[-2000:]
+        lines = done.stderr.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith(f"error: {starts} is invalid: "), done.stderr[-2000:]
+    done = sim("seed=-1")
+    assert done.returncode == 1 and "ImportError: torch was imported" in done.stderr, done.stderr[-2000:]
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["blocked"]
