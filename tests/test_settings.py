@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 
 import pytest
@@ -9,7 +10,8 @@ from omegaconf import OmegaConf
 
 from common.errors import ConfigError
 from server.config import load_run
-from settings.compose import CONF_DIR, _composed, compose_config
+from settings import compose as composition
+from settings.compose import CONF_DIR, _composed, _hydra_composed, compose_config
 from settings.run import RunSettings, SimulationSettings, run_settings
 
 
@@ -94,9 +96,63 @@ def test_a_client_threads_follow_its_ray_cpus():
     ("strategy=fednoro", "noise=pairflip", "seed=3", "out_dir=outputs/x", "out_dir=rel/path"),
 ])
 def test_a_path_out_dir_set_on_a_cached_composition_equals_hydras_own(overrides):
-    hydras = _composed(tuple(overrides), False)  # Hydra composes the out_dir override itself
+    hydras = copy.deepcopy(_hydra_composed(tuple(overrides), False))  # Hydra composes every override itself
+    OmegaConf.resolve(hydras)
     assert OmegaConf.to_container(compose_config(list(overrides))) == OmegaConf.to_container(hydras)
     assert compose_config(list(overrides)).out_dir == overrides[-1].partition("=")[2]
+
+
+@pytest.fixture
+def fresh_compositions():
+    """No composition cached before or after the test."""
+    _composed.cache_clear()
+    _hydra_composed.cache_clear()
+    yield
+    _composed.cache_clear()
+    _hydra_composed.cache_clear()
+
+
+@pytest.mark.parametrize("overrides", [
+    ("experiment=smoke", "strategy=fedprox", "strategy.mu=0.5", "seed=3"),
+    ("strategy.mu=0.5", "strategy=fedprox"),  # a setting before the group it lies in
+    ("strategy.t1=3", "noise=symmetric", "noise.eps=0.2", "seed=2"),
+    ("experiment=smoke", "strategy.train.lr=0.01", "strategy.train.lr=0.02"),
+    ("experiment=smoke", "strategy.train.lr=${strategy.train.momentum}"),
+    ("experiment=smoke", "strategy.train={lr:0.5,momentum:0.1}"),
+    ("experiment=smoke", "strategy.train=fnbench"),
+    ("strategy=fednoro", "strategy/local@strategy.train=fnbench", "strategy.train.epochs=2"),
+    ("experiment=smoke", "++simulation.ray_init_args.num_cpus=1", "seed=4"),
+    ("experiment=smoke", "~strategy.train.lr", "seed=5"),
+    ("experiment=smoke", "+strategy.extra=1", "seed=6"),
+    ("strategy=fednoro", "noise=pairflip", "partition=dirichlet", "partition.alpha=0.3", "model=cnn9"),
+    ("experiment=smoke", "noise.rhoo=1"),
+    ("experiment=smoke", "strategy.zz=1", "seed=7"),
+    ("experiment=smoke", "seed=[1"),
+    ("experiment=smoke", "seed=1,2"),
+    ("experiment=smoke", "hydra.job.chdir=true", "seed=8"),
+    ("experiment=smoke", "dataset.transforms.train.crop=-3"),
+])
+def test_plain_settings_on_a_cached_composition_equal_hydras_own(overrides, fresh_compositions, monkeypatch):
+    def composed() -> object:  # the resolved config, or the error line
+        try:
+            return OmegaConf.to_container(compose_config(list(overrides)))
+        except ConfigError as err:
+            return str(err)
+
+    ours = composed()
+    _composed.cache_clear()
+    monkeypatch.setattr(composition, "_with_settings", lambda *args: None)  # Hydra composes every override
+    assert composed() == ours
+
+
+def test_runs_that_differ_only_in_plain_settings_share_one_composition_by_hydra(fresh_compositions):
+    for seed in range(1, 4):
+        cfg = compose_config(["experiment=smoke", "strategy=fedavg", f"seed={seed}", "strategy.train.lr=0.1"])
+        assert (cfg.seed, cfg.strategy.train.lr) == (seed, 0.1)
+    compose_config(["strategy.train.lr=0.2", "experiment=smoke", "strategy=fedavg"])
+    assert _hydra_composed.cache_info().misses == 1
+    compose_config(["experiment=smoke", "strategy=fedprox", "seed=2"])
+    assert _hydra_composed.cache_info().misses == 2
 
 
 def test_out_dir_is_not_read_by_any_other_key_of_conf():
