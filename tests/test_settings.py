@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import functools
 
 import pytest
 from omegaconf import OmegaConf
@@ -11,7 +12,7 @@ from omegaconf import OmegaConf
 from common.errors import ConfigError
 from server.config import load_run
 from settings import compose as composition
-from settings.compose import CONF_DIR, _composed, _hydra_composed, compose_config
+from settings.compose import CONF_DIR, _hydra_composed, compose_config
 from settings.run import RunSettings, SimulationSettings, run_settings
 
 
@@ -102,14 +103,13 @@ def test_a_path_out_dir_set_on_a_cached_composition_equals_hydras_own(overrides)
     assert compose_config(list(overrides)).out_dir == overrides[-1].partition("=")[2]
 
 
-@pytest.fixture
-def fresh_compositions():
-    """No composition cached before or after the test."""
-    _composed.cache_clear()
-    _hydra_composed.cache_clear()
-    yield
-    _composed.cache_clear()
-    _hydra_composed.cache_clear()
+def uncached(monkeypatch: pytest.MonkeyPatch, *names: str) -> None:
+    """An empty cache of the test's own in place of each named one of the process, which stays as it
+    was: clearing it would make every later test of this worker compose again what it had composed."""
+    for name in names:
+        cached = getattr(composition, name)
+        monkeypatch.setattr(composition, name, functools.lru_cache(maxsize=cached.cache_info().maxsize)(
+            cached.__wrapped__))
 
 
 @pytest.mark.parametrize("overrides", [
@@ -132,7 +132,7 @@ def fresh_compositions():
     ("experiment=smoke", "hydra.job.chdir=true", "seed=8"),
     ("experiment=smoke", "dataset.transforms.train.crop=-3"),
 ])
-def test_plain_settings_on_a_cached_composition_equal_hydras_own(overrides, fresh_compositions, monkeypatch):
+def test_plain_settings_on_a_cached_composition_equal_hydras_own(overrides, monkeypatch):
     def composed() -> object:  # the resolved config, or the error line
         try:
             return OmegaConf.to_container(compose_config(list(overrides)))
@@ -140,19 +140,20 @@ def test_plain_settings_on_a_cached_composition_equal_hydras_own(overrides, fres
             return str(err)
 
     ours = composed()
-    _composed.cache_clear()
+    uncached(monkeypatch, "_composed")
     monkeypatch.setattr(composition, "_with_settings", lambda *args: None)  # Hydra composes every override
     assert composed() == ours
 
 
-def test_runs_that_differ_only_in_plain_settings_share_one_composition_by_hydra(fresh_compositions):
+def test_runs_that_differ_only_in_plain_settings_share_one_composition_by_hydra(monkeypatch):
+    uncached(monkeypatch, "_composed", "_hydra_composed")
     for seed in range(1, 4):
         cfg = compose_config(["experiment=smoke", "strategy=fedavg", f"seed={seed}", "strategy.train.lr=0.1"])
         assert (cfg.seed, cfg.strategy.train.lr) == (seed, 0.1)
     compose_config(["strategy.train.lr=0.2", "experiment=smoke", "strategy=fedavg"])
-    assert _hydra_composed.cache_info().misses == 1
+    assert composition._hydra_composed.cache_info().misses == 1
     compose_config(["experiment=smoke", "strategy=fedprox", "seed=2"])
-    assert _hydra_composed.cache_info().misses == 2
+    assert composition._hydra_composed.cache_info().misses == 2
 
 
 def test_out_dir_is_not_read_by_any_other_key_of_conf():
