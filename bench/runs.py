@@ -308,11 +308,15 @@ def continued(overrides: list[str], shorter: list[list[str]], quiet: bool = Fals
     """The folder of the run a planned run continues (``extend_from``): the one it began from if it has
     started (a stopped run resumes as it began), else the first finished run of ``shorter`` (the same
     run at smaller budgets, the longest first) that computed its rounds itself and that it can continue.
-    None: it runs from round 0 (unless ``quiet``, a line says why when a shorter run was refused)."""
+    None: it runs from round 0 (unless ``quiet``, a line says why when ``shorter`` names a run it might
+    have continued)."""
     cfg, _ = planned(overrides)
     record = CheckpointStore(cfg.out_dir).record()
     if record is not None:
         began = record.config.get(EXTEND_FROM)
+        if began is None and shorter and not quiet:
+            print(f"{cfg.out_dir} goes on as it began, from round 0: its checkpoints/run.json names no "
+                  f"{EXTEND_FROM} (remove the folder to continue a shorter run instead)", flush=True)
         return None if began is None else str(began)
     for other in shorter:
         try:

@@ -424,6 +424,7 @@ def test_a_field_run_extends_its_finished_run_at_a_smaller_budget_when_its_strat
     longer = runs.resolved_config(plan("fedavg", 90))
     leave_unfinished(Path(longer["out_dir"]), longer, (20,))
     assert runs.extending(plan("fedavg", 90), [plan("fedavg", 30)]) == plan("fedavg", 90)
+    assert f"{longer['out_dir']} goes on as it began, from round 0" in capsys.readouterr().out
     leave_unfinished(Path(longer["out_dir"]), {**longer, "extend_from": "elsewhere"}, (20,))
     assert runs.extending(plan("fedavg", 90), []) == [*plan("fedavg", 90), "extend_from=elsewhere"]
 
