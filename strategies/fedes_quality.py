@@ -63,8 +63,10 @@ def cop_summary(values: np.ndarray, estimator: str, seed: int) -> float:
 
     # CoP values are tiny (|update * weight| ~ 1e-5); fitted as they are, scikit-learn's variance
     # floor (reg_covar = 1e-6) would swamp both components. Fitted in units of their spread instead.
+    # In one dimension a diagonal covariance is the full one; scikit-learn fits it some 4x faster.
     scale = float(values.std())
-    mixture = GaussianMixture(n_components=2, random_state=seed).fit((values / scale).reshape(-1, 1))
+    mixture = GaussianMixture(n_components=2, covariance_type="diag", random_state=seed).fit(
+        (values / scale).reshape(-1, 1))
     return float(mixture.means_.max()) * scale
 
 
