@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 import functools
 
@@ -12,7 +11,7 @@ from omegaconf import OmegaConf
 from common.errors import ConfigError
 from server.config import load_run
 from settings import compose as composition
-from settings.compose import CONF_DIR, _hydra_composed, compose_config
+from settings.compose import CONF_DIR, _hydra_composed, compose_config, thawed
 from settings.run import RunSettings, SimulationSettings, run_settings
 
 
@@ -97,7 +96,7 @@ def test_a_client_threads_follow_its_ray_cpus():
     ("strategy=fednoro", "noise=pairflip", "seed=3", "out_dir=outputs/x", "out_dir=rel/path"),
 ])
 def test_a_path_out_dir_set_on_a_cached_composition_equals_hydras_own(overrides):
-    hydras = copy.deepcopy(_hydra_composed(tuple(overrides), False))  # Hydra composes every override itself
+    hydras = thawed(_hydra_composed(tuple(overrides), False))  # Hydra composes every override itself
     OmegaConf.resolve(hydras)
     assert OmegaConf.to_container(compose_config(list(overrides))) == OmegaConf.to_container(hydras)
     assert compose_config(list(overrides)).out_dir == overrides[-1].partition("=")[2]
