@@ -17,7 +17,8 @@ from strategies.fedcorr import FedCorr
 from strategies.participation import Participation
 from strategies.poc import PowerOfChoice
 
-LATE = ["experiment=smoke", "participation.late=0.3"]
+# One local epoch: the runs below test who trains, is read and is split when, not how well they learn.
+LATE = ["experiment=smoke", "participation.late=0.3", "strategy.train.epochs=1"]
 
 
 def late_fedcorr(join_round: int, *overrides: str, num_clients: int = 10) -> FedCorr:
