@@ -23,7 +23,9 @@ from settings.run import SimulationSettings
 NUM_NODES = 3
 # conf/'s simulation settings: one CPU per client, no GPU.
 SIMULATION = from_mapping(SimulationSettings, composed()["simulation"], "simulation")
-REPLY_TIMEOUT = 180.0  # generous: on a loaded 2-core machine Ray starts the three nodes' actors slowly
+# Generous: each actor unpickles the ClientApp, so it imports this module (torch, Flower, a composition);
+# on a loaded 2-core machine that took over 180 s once.
+REPLY_TIMEOUT = 420.0
 
 client_app = ClientApp()
 
