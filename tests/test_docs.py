@@ -1,5 +1,5 @@
 """The docs name only what the repository holds: links resolve inside it, every config file they name
-exists, and the preset table lists every preset file."""
+exists, the preset table lists every preset file, and the field's counts are those of its records."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ import re
 from pathlib import Path
 
 import pytest
+from field_doc import HEADING, RESULTS, listed, shown_command
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = sorted([ROOT / "README.md", *ROOT.glob("docs/**/*.md")])
@@ -70,3 +71,21 @@ def test_a_run_folder_a_doc_shows_is_where_that_run_writes(doc: Path) -> None:
         assert not shown, f"{_name(doc)} shows run folders; add it and its run's overrides to SHOWN_RUNS"
         return
     assert shown == {compose_config(SHOWN_RUNS[_name(doc)]).out_dir}, _name(doc)
+
+
+def test_the_field_counts_its_finished_runs_as_the_records_hold_them() -> None:
+    """The paragraph under the field's heading says how many of the planned runs each budget has; those
+    are the records in docs/records of the cells, columns and seeds its command names."""
+    text = RESULTS.read_text()
+    command, heading, end = shown_command(text)
+    cells, columns, seeds = (listed(command, flag) for flag in ("--cells", "--columns", "--seeds"))
+    planned = len(cells) * len(columns) * len(seeds)
+    records = ROOT / "docs" / "records" / "bench-field"
+    said = " ".join(text[heading:end].split())
+    assert said.startswith(HEADING)
+    for budget in listed(command, "--budget"):
+        kept = sum((records / f"fmnist-budget{budget}" / cell / f"seed{seed}" / f"{column}.json").is_file()
+                   for cell in cells for column in columns for seed in seeds)
+        assert re.search(rf"\b{kept} of {planned} (runs )?at {int(budget):,}\b", said), (
+            f"docs/records holds {kept} of the {planned} runs at {budget}; the paragraph above the command says: "
+            f"{said[:400]}")
