@@ -46,6 +46,9 @@ A run whose strategy's early rounds do not depend on the budget (all but FedNoRo
 at a smaller budget has finished under the same ``--outputs`` continues from that run's end
 (``extend_from``) instead of round 0, with the same results: the 3,000-participation field does not
 compute its first 600 participations again (the end of the output says the time that saved).
+Where such a run ran from round 0 instead (its shorter run came back from docs/records, which keep no
+checkpoints), the output ends saying whether it repeats the shorter run's rounds in every figure but
+the time: the two are the same run made twice, in separate processes, often on separate machines.
 """
 
 from __future__ import annotations
@@ -59,8 +62,11 @@ from runs import (
     ConfigError,
     Ledger,
     add_table_arguments,
+    budget_free,
     check_all,
+    computed_afresh,
     finished,
+    first_unrepeated,
     known_mean,
     launcher_from,
     main_with_clear_errors,
@@ -374,6 +380,31 @@ def print_table(args: argparse.Namespace, budget: int, seeds: dict[str, list[int
     print(f"\n{made_at(list(done.values()))}")
 
 
+def repeats(plans: dict[int, dict[Key, list[str]]], done: dict[int, dict[Key, dict[str, Any] | None]]) -> str | None:
+    """Whether a run gives the same rounds when it is made again: each finished run at a larger budget
+    that computed its rounds itself, against the same run at the smallest budget, where that finished
+    too and the strategy's earlier rounds do not depend on the budget (all but FedNoRo's). Those two
+    runs were separate processes, often on separate days or machines. None when no run has such a pair."""
+    smallest = min(plans)
+    compared, differing = 0, []
+    for budget in sorted(plans)[1:]:
+        for key, overrides in plans[budget].items():
+            longer, shorter = done[budget][key], done[smallest][key]
+            if not (longer and shorter and computed_afresh(longer) and budget_free(overrides)):
+                continue
+            compared += 1
+            first = first_unrepeated(shorter, longer)
+            if first is not None:
+                differing.append(f"{key[0]} seed {key[2]} {key[1]} at {budget} from round {first}")
+    if not compared:
+        return None
+    said = (f"the same run made again: {compared} runs at a larger budget ran from round 0 while the same run "
+            f"at {smallest} had finished; ")
+    if not differing:
+        return said + "each repeats that run's rounds in every figure but the time"
+    return said + f"{len(differing)} do not: " + "; ".join(differing)
+
+
 def main() -> None:
     """Run (or reuse; with --report only read) every budget's runs and print each budget's table, the smaller first."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -406,6 +437,9 @@ def main() -> None:
     done = obtain(args, plans, ledger, launcher)
     for budget in plans:
         print_table(args, budget, seeds, done[budget])
+    repeated = repeats(plans, done) if len(plans) > 1 else None
+    if repeated is not None:
+        print(f"\n{repeated}")
     print_time_saved(ledger)
 
 

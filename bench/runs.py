@@ -345,6 +345,30 @@ def extending(overrides: list[str], shorter: list[list[str]]) -> list[str]:
     return overrides if began is None else [*overrides, f"{EXTEND_FROM}={began}"]
 
 
+def budget_free(overrides: list[str]) -> bool:
+    """Whether a planned run's rounds up to a smaller budget are those of the same run at that budget:
+    its strategy's earlier rounds do not depend on the budget (so it could extend that run)."""
+    strategy = load_run(planned(overrides)[0]).strategy
+    return strategy.cls.extends(strategy.settings)
+
+
+def computed_afresh(payload: Mapping[str, Any]) -> bool:
+    """Whether a finished run computed every round itself: it neither extended a shorter run nor took
+    FedCorr's stages 1-2 over from another (a resume of its own is the same computation)."""
+    attempts = payload.get("attempts") or {}
+    return attempts.get("extended_from") is None and attempts.get("stages12_from") is None
+
+
+def first_unrepeated(shorter: Mapping[str, Any], longer: Mapping[str, Any]) -> int | None:
+    """The first round of ``shorter`` (a finished run's results) that ``longer`` (the same run at a larger
+    budget) does not repeat in every figure but the time (``elapsed_s``); None when it repeats them all."""
+    theirs = longer["rounds"]
+    for at, row in enumerate(shorter["rounds"]):
+        if at >= len(theirs) or {**row, "elapsed_s": None} != {**theirs[at], "elapsed_s": None}:
+            return int(row["round"])
+    return None
+
+
 def run_plan(plan: Mapping[Key, list[str]], order: list[Key], reuse: bool = False,
              ledger: Ledger | None = None, launcher: Launcher | None = None,
              shorter: Mapping[Key, list[list[str]]] | None = None,

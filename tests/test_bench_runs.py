@@ -964,6 +964,39 @@ def field_argv(tmp_path: Path, *extra: str, budgets: tuple[str, ...] = ("90", "3
             "--budget", *budgets, "--outputs", str(tmp_path), *extra]
 
 
+def test_the_field_says_whether_a_run_made_again_repeats_the_rounds_of_the_same_run(tmp_path):
+    columns = ("fedavg", "fedprox", "fednoro")
+    plans = {budget: {("corr-iid", column, 1): field_bench.cell_run("corr-iid", column, 1, budget, "smoke", [],
+                                                                     str(tmp_path)) for column in columns}
+             for budget in (30, 90)}
+
+    def payload(budget: int, changed: int | None = None, extended: dict | None = None) -> dict:
+        # Each budget's rounds took their own time: only the figures must repeat.
+        rounds = [{"round": r, "test_acc": 0.5 + r / 100, "elapsed_s": budget * r} for r in range(1, budget // 3 + 1)]
+        if changed is not None:
+            rounds[changed - 1]["test_acc"] += 1e-9
+        return {"rounds": rounds, "attempts": {"resumed_at": [], "stages12_from": None, "extended_from": extended}}
+
+    # FedNoRo's rounds depend on its budget: never compared, though its longer run differs at round 6.
+    done = {30: {key: payload(30) for key in plans[30]},
+            90: {("corr-iid", "fedavg", 1): payload(90), ("corr-iid", "fedprox", 1): payload(90),
+                 ("corr-iid", "fednoro", 1): payload(90, changed=6)}}
+    said = ("the same run made again: {} runs at a larger budget ran from round 0 while the same run at 30 had "
+            "finished; ")
+    same = "each repeats that run's rounds in every figure but the time"
+    assert field_bench.repeats(plans, done) == said.format(2) + same
+    done[90][("corr-iid", "fedprox", 1)] = payload(90, changed=7)
+    assert field_bench.repeats(plans, done) == said.format(2) + "1 do not: corr-iid seed 1 fedprox at 90 from round 7"
+    done[30][("corr-iid", "fedprox", 1)]["rounds"].append({"round": 31, "test_acc": 0.0, "elapsed_s": 0})
+    assert field_bench.repeats(plans, done).endswith("at 90 from round 7"), "the first round that differs"
+    # A run that continued its shorter run shares its rounds by construction; one not finished has none.
+    done[90][("corr-iid", "fedprox", 1)] = payload(90, changed=7, extended={"run_dir": "elsewhere", "round": 10})
+    assert field_bench.repeats(plans, done) == said.format(1) + same
+    done[30][("corr-iid", "fedavg", 1)] = None
+    assert field_bench.repeats(plans, done) is None
+    assert runs.first_unrepeated(payload(90), payload(30)) == 11, "rounds the longer run lacks are not repeated"
+
+
 def test_the_field_runs_each_budget_in_turn_the_smaller_first_and_the_longer_run_continues_it(
         tmp_path, monkeypatch, capsys):
     calls: list[tuple[int, str | None]] = []
