@@ -20,7 +20,8 @@ all-client estimation round, then SeGD rounds. Prints best / final / last-10-rou
 method's detection F1 against the ground truth (FedES: its quality estimate's MSE instead), how many
 of its planned runs have finished, how far it fell from its best by the end (best - last-10) and its
 last-10 minus FedAvg's on the same seed (when FedAvg is a column), then
-the papers' CIFAR-10 numbers for the same kind of cell, and per paper its order of the methods it
+the papers' CIFAR-10 numbers for the same kind of cell; under the rows, the leader by last-10 on the
+seeds every method finished and its paired margin over the next method; per paper its order of the methods it
 reports beside ours of the same methods (by best and by last-10 accuracy), at a budget over 600 the
 course of each method (its mean test accuracy over the last 100 participations before 600, 1,000, ...
 participations and the budget), and each method's final recall per class with its weakest class (from
@@ -271,6 +272,25 @@ def row(column: str, payloads: list[dict[str, Any] | None], paper: float | None,
             "-" if paper is None else f"{paper:.2f}", per_seed(payloads)]
 
 
+def leader(runs: dict[str, list[dict[str, Any] | None]], seeds: list[int]) -> str | None:
+    """The method of the highest mean last-10 accuracy over the seeds where every method finished, and its
+    margin over the next (paired per seed, mean ± std, points): whether the lead is over the seeds'
+    spread. ``runs``: per method, its run of each of ``seeds`` (None: not finished). None unless two
+    methods and one such seed."""
+    complete = [at for at in range(len(seeds)) if all(run[at] for run in runs.values())]
+    if len(runs) < 2 or not complete:
+        return None
+    kept = {column: [run[at] for at in complete] for column, run in runs.items()}
+    means = {column: known_mean([p["summary"]["last10_mean_acc"] for p in payloads if p])
+             for column, payloads in kept.items()}
+    first, second = sorted(means, key=lambda column: -(means[column] or 0.0))[:2]
+    on = [str(seeds[at]) for at in complete]
+    named = f" {on[0]}" if len(on) == 1 else f"s {', '.join(on[:-1])} and {on[-1]}"
+    return (f"leader by last-10 on seed{named}, where every method finished: "
+            f"{first} {100 * (means[first] or 0.0):.2f}, {versus(kept[first], kept[second])} points over {second} "
+            f"(paired per seed)")
+
+
 def order(scores: dict[str, float]) -> str:
     """``fedcorr > fedavg > fedprox``: the methods from the highest score down (ties keep the given order)."""
     return " > ".join(sorted(scores, key=lambda method: -scores[method]))
@@ -363,6 +383,9 @@ def print_table(args: argparse.Namespace, budget: int, seeds: dict[str, list[int
             fedavg = runs.get("fedavg")
             show((ROW_HEADER, [row(column, runs[column], papers.get(column), None if column == "fedavg" else fedavg)
                                for column in args.columns]), ROW_WIDTHS)
+            lead = leader(runs, seeds[cell])
+            if lead is not None:
+                print(lead)
         ours = {key: {column: known_mean([run["summary"][key] for run in runs[column] if run])
                       for column in args.columns} for key in ("best_acc", "last10_mean_acc")}
         ranks = rank_table(cell, ours) if "ranks" in args.tables else None

@@ -964,6 +964,25 @@ def field_argv(tmp_path: Path, *extra: str, budgets: tuple[str, ...] = ("90", "3
             "--budget", *budgets, "--outputs", str(tmp_path), *extra]
 
 
+def test_the_field_names_each_cells_leader_on_the_seeds_every_method_finished_and_its_paired_margin():
+    def runs_of(*last10: float | None) -> list[dict | None]:
+        return [None if value is None else {"summary": {"last10_mean_acc": value}} for value in last10]
+
+    # Seed 3 is left out everywhere, as fedprox has not finished it: fedavg's 0.99 there would lead.
+    methods = {"fedavg": runs_of(0.79, 0.80, 0.99), "fedcorr": runs_of(0.80, 0.82, 0.70),
+               "fedprox": runs_of(0.70, 0.71, None)}
+    assert field_bench.leader(methods, [1, 2, 3]) == (
+        "leader by last-10 on seeds 1 and 2, where every method finished: fedcorr 81.00, 1.50±0.71 points over "
+        "fedavg (paired per seed)")
+    methods["fedprox"][1] = None
+    one_seed = field_bench.leader(methods, [1, 2, 3])
+    assert one_seed == ("leader by last-10 on seed 1, where every method finished: fedcorr 80.00, 1.00 points over "
+                        "fedavg (paired per seed)")
+    methods["fedprox"][0] = None
+    assert field_bench.leader(methods, [1, 2, 3]) is None, "no seed that every method finished"
+    assert field_bench.leader({"fedavg": runs_of(0.8)}, [1]) is None, "one method leads nothing"
+
+
 def test_the_field_says_whether_a_run_made_again_repeats_the_rounds_of_the_same_run(tmp_path):
     columns = ("fedavg", "fedprox", "fednoro")
     plans = {budget: {("corr-iid", column, 1): field_bench.cell_run("corr-iid", column, 1, budget, "smoke", [],
