@@ -109,7 +109,7 @@ def assert_same_run(resumed: dict[str, Any], reference: dict[str, Any], tmp_path
 
 # One of each kind of state: FedCorr's stages with FedDyn's nodes' state in stage 3, FedDiv's filter and
 # priors, SCAFFOLD's control variates, PoC's losses. The SIGKILL tests of real processes
-# (tests/e2e/test_resume_e2e.py) add FedNoRo's and FedES's and repeat FedDiv's and SCAFFOLD's.
+# (tests/e2e/test_resume_strategies_e2e.py) add FedNoRo's and FedES's and repeat FedDiv's and SCAFFOLD's.
 # And FedCorr with 3 of 10 clients joining at stage 2 and taking an iteration of their own (rounds 8-10).
 KILLED = {**{name: RUNS[name] for name in ("fedcorr", "feddiv", "poc", "scaffold")},
           "fedcorr-late": f"{RUNS['fedcorr']} participation.late=0.3 participation.join_round=8 "

@@ -3,7 +3,7 @@ bench/strategies_fmnist.py on the smoke scene (digits, 10 clients) with two FedC
 T2 = 2 (stages 1-2: 12 rounds, 16 participations) and 2 rounds of stage 3, as a process of its own whose
 simulations run over the test grid (``tests/inprocess.py --bench``: the real server and client code
 without Ray, which computes what the Ray simulation computes; killing ``sim.py`` and its Ray processes
-and resuming it is tests/e2e/test_resume_e2e.py). The bench is SIGKILLed (its own process group) once
+and resuming it is tests/e2e/test_resume_multirun_e2e.py). The bench is SIGKILLed (its own process group) once
 the first FedCorr run wrote a checkpoint, rerun with --reuse, and the column that took stages 1-2 over
 is compared with the same column run from round 0. (The bench's logic is tested with a stand-in for
 the runs in tests/test_bench_runs.py.)"""

@@ -6,7 +6,7 @@ Ray's default one, its address would outlive it in /tmp/ray/ray_current_cluster,
 
 A run that joins the cluster (``simulation.ray_address``) has its client actors on both nodes and
 computes what the run computes on one machine (the reference: the in-process run of the same
-overrides, which equals the single-machine Ray simulation bit for bit, tests/e2e/test_resume_e2e.py);
+overrides, which equals the single-machine Ray simulation bit for bit, tests/e2e/test_resume_multirun_e2e.py);
 a node that cannot read the run's scene is named in one line; and a multirun with ``--jobs 2
 --cluster`` runs each job as a Ray task on its own node with the results of the same runs made one
 after another."""
