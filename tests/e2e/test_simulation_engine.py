@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import signal
 import time
 from pathlib import Path
@@ -96,12 +97,14 @@ def fail(grid: Grid, context: Context) -> None:
 def recorded(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict, dict]:
     run_config = {"out": str(tmp_path_factory.mktemp("sim") / "record.json"), "token": "t-42", "num-nodes": NUM_NODES}
     before = signal.signal(signal.SIGTERM, own_sigterm)
+    path = os.environ.get("PYTHONPATH")
     try:
         run_simulation_engine(recording_server, client_app, num_supernodes=NUM_NODES, run_config=run_config,
                               simulation=SIMULATION)
     finally:
         signal.signal(signal.SIGTERM, before)
-    return run_config, json.loads(Path(run_config["out"]).read_text())
+    payload = json.loads(Path(run_config["out"]).read_text())
+    return run_config, {**payload, "pythonpath_kept": os.environ.get("PYTHONPATH") == path}
 
 
 def test_the_server_app_sees_the_run_config(recorded):
@@ -122,6 +125,13 @@ def test_every_client_app_sees_the_run_config_its_partition_and_our_resources(re
     assert {(info["num-partitions"], info["token"], info["cpus"], info["gpus"]) for info in infos} == {
         (NUM_NODES, "t-42", 1.0, 0.0)
     }
+
+
+def test_the_import_path_reaches_the_actors_and_this_process_keeps_its_environment(recorded):
+    # The actors unpickled this module's ClientApp, so they found it on the path Ray's start gave them;
+    # that path is set in this process's environment for the start alone.
+    assert len(recorded[1]["infos"]) == NUM_NODES
+    assert recorded[1]["pythonpath_kept"]
 
 
 def test_a_client_app_exception_is_an_error_reply_not_a_hang(recorded):
