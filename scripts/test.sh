@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Set up, then check and test everything: ruff (pyflakes, pycodestyle, import order, docstrings), mypy,
 # the import contract of the layers (import-linter), and the whole pytest suite: the fast in-process tier
-# on every core, then the end-to-end tier three test files at a time (a file's tests on one worker, so a
+# on every core, then the end-to-end tier two test files at a time (a file's tests on one worker, so a
 # module's shared run is made once; the tier waits on Ray's start-up and on subprocesses more than it
 # computes, about half a core on average when run serially), with the deployment tests beside it (they
 # mostly wait on Flower's fixed 3 s polls and 30 s heartbeats and start no Ray), but the deployment
@@ -34,7 +34,7 @@ trap 'kill -INT -- "-$deploy" 2>/dev/null || true; kill "$typecheck" 2>/dev/null
 echo "[test] end-to-end (mypy and the deployment tests run beside it; their reports follow)"
 e2e=0 deployed=0 typed=0
 .venv/bin/python -m pytest tests/e2e -m "e2e and not recovery" --ignore=tests/e2e/test_deploy.py -p no:cacheprovider \
-    -n 3 --dist loadfile --durations=15 || e2e=$?
+    -n 2 --dist loadfile --durations=15 || e2e=$?
 wait "$typecheck" || typed=$?
 wait "$deploy" || deployed=$?
 trap 'rm -f "$deploy_log" "$mypy_log"' EXIT
