@@ -460,7 +460,7 @@ def main() -> None:
     done = obtain(args, plans, ledger, launcher)
     for budget in plans:
         print_table(args, budget, seeds, done[budget])
-    repeated = repeats(plans, done) if len(plans) > 1 else None
+    repeated = repeats(plans, done)
     if repeated is not None:
         print(f"\n{repeated}")
     print_time_saved(ledger)
