@@ -9,7 +9,7 @@ from flwr.app import ArrayRecord
 from data.sources.base import Dataset
 from settings.run import RunSettings
 from task.build import model_for, model_for_state, transforms_for
-from task.device import resolve_device
+from task.device import resolve_device, torch_threads
 from task.evaluation import evaluate_by_class
 from task.scores import Scores
 
@@ -27,6 +27,7 @@ class CentralEvaluator:
         _, self.transform = transforms_for(settings.transforms, dataset)
         self.test = dataset.test
         self.batch_size = settings.server.eval_batch_size
+        self.threads = settings.server.num_threads
 
     def __call__(self, arrays: ArrayRecord) -> tuple[Scores, np.ndarray | None]:
         """The scores of the model given by ``arrays`` on the test split and its confusion matrix
@@ -37,6 +38,6 @@ class CentralEvaluator:
                                          state).to(self.device)
             self.keys = list(state)
         self.model.load_state_dict(state)
-        with torch.no_grad():
+        with torch.no_grad(), torch_threads(self.threads):
             return evaluate_by_class(self.model, self.test.images, self.test.labels, self.transform,
                             batch_size=self.batch_size, device=self.device)

@@ -27,7 +27,7 @@ ON_CLIENT_ERROR = ("fail", "skip")
 
 @dataclass(frozen=True)
 class ServerSettings(Checked):
-    """How the ServerApp runs (``server`` in the config)."""
+    """How the ServerApp runs (``server`` in the config, threads from ``simulation``)."""
 
     eval_every: int = option(Interval(int, 1), "evaluate the global model every k rounds (and after each "
                                                "stage's last round and the run's last)")
@@ -41,6 +41,9 @@ class ServerSettings(Checked):
     device: str = option(meaning="auto | cpu | cuda | cuda:N, for the central evaluation")
     checkpoint_every: int = option(Interval(int, 1), "write a checkpoint every k rounds (and at each stage's end)")
     keep_checkpoints: int = option(Interval(int, 1), "how many of the latest periodic checkpoints to keep")
+    num_threads: int | None = option(Interval(int, 1, or_none=True),
+                                     "torch threads of the central evaluation (the CPUs the run's own Ray is given; "
+                                     "None: torch's default, every core)")
 
 
 @dataclass(frozen=True)
@@ -215,6 +218,14 @@ def _transforms(cfg: dict[str, Any]) -> TransformPair:
                            for part in ("train", "eval")))
 
 
+def _server_threads(simulation: SimulationSettings) -> int | None:
+    """A run whose Ray is given k CPUs evaluates on k torch threads: on a machine that runs several
+    (``--jobs``, concurrent benchmarks) torch's default of every core makes its threads wait on one
+    another, spinning, which cost some four times the CPU of one thread per evaluation on 2 cores."""
+    num_cpus = simulation.ray_init_args.get("num_cpus")
+    return None if num_cpus is None or simulation.ray_address is not None else int(num_cpus)
+
+
 def run_settings(cfg: DictConfig | dict[str, Any]) -> RunSettings:
     """Check the composed configuration (all but ``strategy``) and return it as ``RunSettings``.
 
@@ -234,7 +245,7 @@ def run_settings(cfg: DictConfig | dict[str, Any]) -> RunSettings:
             comm_budget=values.get("comm_budget"), ground_truth=values.get("ground_truth", False),
             resume=values["resume"], replace=values["replace"], extend_from=values.get("extend_from"),
             scene=scene, model=model, transforms=transforms,
-            server=from_mapping(ServerSettings, values["server"], "server"),
+            server=from_mapping(ServerSettings, values["server"], "server", num_threads=_server_threads(simulation)),
             participation=from_mapping(ParticipationSettings, values["participation"], "participation"),
             logging=from_mapping(LoggingSettings, values["logging"], "logging"),
             client=client, simulation=simulation, resolved=values,
