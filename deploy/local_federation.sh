@@ -233,9 +233,13 @@ if ((data_files)); then
     in_foreground env -C "$REPO_DIR" "$PYTHON" export.py "${overrides[@]}" "out_dir=$out" \
         >"$work/logs/export.log" 2>&1 || die "python export.py failed (see its log below)"
 fi
+# The SuperNodes share this machine's cores: each one's ClientApp processes get cores / N torch threads
+# (OMP_NUM_THREADS, unless set already), where torch would take every core and N nodes' threads would
+# spin waiting on one another. A node on a machine of its own keeps torch's default.
+node_threads=${OMP_NUM_THREADS:-$(( $(nproc) > NUM_NODES ? $(nproc) / NUM_NODES : 1 ))}
 for ((k = 0; k < NUM_NODES; k++)); do
     if ((data_files)); then data=(--data-path "$out/clients/client_$k.npz"); else data=(--partition-id "$k"); fi
-    start "supernode_$k" bash "$DEPLOY_DIR/supernode.sh" --superlink "$address" \
+    start "supernode_$k" OMP_NUM_THREADS="$node_threads" bash "$DEPLOY_DIR/supernode.sh" --superlink "$address" \
         --root-certificates "$work/certs/ca.crt" --auth-key "$work/keys/node_$k" "${data[@]}" \
         --state-dir "$work/state/node_$k" --port "${node_ports[$k]}" "${node_options[@]}"
 done

@@ -4,8 +4,9 @@
 # on every core, then the end-to-end tier two test files at a time (a file's tests on one worker, so a
 # module's shared run is made once; the tier waits on Ray's start-up and on subprocesses more than it
 # computes, about half a core on average when run serially), with the deployment tests beside it (they
-# mostly wait on Flower's fixed 3 s polls and 30 s heartbeats and start no Ray), but the deployment
-# recovery tests (several minutes each: `bash scripts/test.sh -m recovery`). The e2e tier collects only
+# start no Ray and wait on Flower's fixed 3 s polls and 30 s heartbeats between their ClientApp processes,
+# one per message), but the deployment recovery tests (several minutes each: `bash scripts/test.sh -m
+# recovery`). The e2e tier collects only
 # tests/e2e: each of its workers would otherwise import every fast-tier module to deselect it (~10 s).
 # Arguments replace that: they go to one pytest call, e.g. `bash scripts/test.sh tests/test_resume.py`.
 set -euo pipefail

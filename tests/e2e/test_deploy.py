@@ -256,9 +256,13 @@ def test_fedcorr_smoke_runs_over_tls_with_authenticated_supernodes_and_local_dat
         # The marker finds the federation's processes (so the final check that none is left means something).
         started = {federation.pid(name) for name in ("superlink", "supernode_0", "supernode_1", "supernode_2")}
         assert started <= set(_federation_pids(federation.work))
+        # The nodes share this machine's cores: each one's ClientApps get cores / 3 torch threads.
+        threads = os.environ.get("OMP_NUM_THREADS", str(max(1, len(os.sched_getaffinity(0)) // 3)))
         for k in range(3):  # each node reads its own exported file, not the scene
             cmdline = Path(f"/proc/{federation.pid(f'supernode_{k}')}/cmdline").read_bytes().replace(b"\0", b" ")
             assert f'data-path="{federation.out}/clients/client_{k}.npz"'.encode() in cmdline, cmdline
+            environ = Path(f"/proc/{federation.pid(f'supernode_{k}')}/environ").read_bytes().split(b"\0")
+            assert f"OMP_NUM_THREADS={threads}".encode() in environ
         # A SuperNode whose key was never registered must be turned away, while the run goes on.
         address = re.search(r"SuperLink on (\S+)", federation.output()).group(1)
         subprocess.run(["bash", str(DEPLOY / "make_node_keys.sh"), str(tmp_path / "rogue"), "1"], check=True,
