@@ -219,9 +219,10 @@ def _transforms(cfg: dict[str, Any]) -> TransformPair:
 
 
 def _server_threads(simulation: SimulationSettings) -> int | None:
-    """A run whose Ray is given k CPUs evaluates on k torch threads: on a machine that runs several
-    (``--jobs``, concurrent benchmarks) torch's default of every core makes its threads wait on one
-    another, spinning, which cost some four times the CPU of one thread per evaluation on 2 cores."""
+    """A run whose own Ray is given k CPUs evaluates on k torch threads: where several runs share a
+    machine (``--jobs``, concurrent benchmarks), torch's default of every core makes their threads
+    spin waiting on one another (some four times the CPU of one thread per evaluation on 2 cores). A
+    run that joins a cluster, or whose Ray takes every core, keeps torch's default (None)."""
     num_cpus = simulation.ray_init_args.get("num_cpus")
     return None if num_cpus is None or simulation.ray_address is not None else int(num_cpus)
 
