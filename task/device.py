@@ -27,9 +27,11 @@ def resolve_device(name: str) -> torch.device:
 def torch_threads(count: int | None) -> Iterator[None]:
     """The intra-op torch threads of this thread set to ``count`` inside the block and put back after it
     (None: left as they are)."""
+    if count is None:
+        yield
+        return
     before = torch.get_num_threads()
-    if count is not None:
-        torch.set_num_threads(count)
+    torch.set_num_threads(count)
     try:
         yield
     finally:
