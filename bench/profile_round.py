@@ -31,7 +31,6 @@ from typing import Any
 os.environ.setdefault("FLWR_TELEMETRY_ENABLED", "0")
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import torch  # noqa: E402
 from flwr.app import Context, Message, RecordDict  # noqa: E402
 from flwr.serverapp import Grid  # noqa: E402
 from flwr.supercore.run import Run  # noqa: E402
@@ -42,6 +41,7 @@ import sim  # noqa: E402
 from server.config import load_run  # noqa: E402
 from server.run import RoundReporter, run_server  # noqa: E402
 from settings.compose import compose_config  # noqa: E402
+from task.device import torch_threads  # noqa: E402
 
 OUR_PACKAGES = ("client", "server", "strategies", "protocol", "task", "settings", "data", "models", "common")
 CLIENT_REST = "client: handlers, state, rest"
@@ -172,14 +172,11 @@ class InProcessGrid(Grid):
 
     def send_and_receive(self, messages: Iterable[Message], *, timeout: float | None = None) -> Iterable[Message]:
         """Each message's reply from its node's ClientApp call (timed as the client's rest)."""
-        replies, server_threads = [], torch.get_num_threads()
-        torch.set_num_threads(self.threads)
-        try:
+        replies = []
+        with torch_threads(self.threads):
             for message in messages:
                 context = self.contexts[message.metadata.dst_node_id]
                 replies.append(self.timers.call(CLIENT_REST, self.handler, (message, context), {}))
-        finally:
-            torch.set_num_threads(server_threads)
         return replies
 
 
